@@ -1,0 +1,125 @@
+"""``plugins.toml``: which plugins may load, which engines to serve, with what options.
+
+The file has four tables, all optional::
+
+    [plugins]
+    allow = ["mock", "vllm"]          # backends that may load; omit to allow all installed
+
+    [gateway]
+    host = "127.0.0.1"                # any GatewaySection field
+    port = 50051
+
+    [backends.vllm]                   # default options for a backend, whatever engine uses it
+    enforce_eager = true
+
+    [[engines]]                       # engines served when the command line names no backend
+    backend = "mock"
+    served_model_name = "mock"
+    aliases = ["default"]
+    options = { model = "mock-model" }
+
+An engine's options are its backend's defaults overlaid with its own ``options``, validated
+by the driver's settings model; every error names the offending key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .spi.backend import BackendSettings
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the file and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PluginsSection(_Strict):
+    """Which backend plugins may be loaded."""
+
+    allow: list[str] | None = None
+
+
+class GatewaySection(_Strict):
+    """Engine-neutral serving options (command-line flags override them)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=50051, ge=0, le=65535)
+    advertise_host: str | None = None
+    max_in_flight: int | None = Field(default=None, gt=0)
+    finished_window: int = Field(default=65536, gt=0)
+    kv_replay_batches: int = Field(default=4096, gt=0)
+    subscriber_queue: int = Field(default=1024, gt=0)
+    probe_timeout_s: float = Field(default=30.0, gt=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    lora_roots: list[str] = []
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+
+
+class EngineSection(_Strict):
+    """One engine to serve."""
+
+    backend: str
+    served_model_name: str = ""
+    aliases: list[str] = []
+    options: dict[str, Any] = {}
+
+
+class Config(_Strict):
+    """The whole configuration file."""
+
+    plugins: PluginsSection = PluginsSection()
+    gateway: GatewaySection = GatewaySection()
+    backends: dict[str, dict[str, Any]] = {}
+    engines: list[EngineSection] = []
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate ``path``; no path means every default."""
+    if path is None:
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, str(path))) from None
+
+
+def engine_settings(settings_model: type[BackendSettings], options: Mapping[str, Any], source: str) -> BackendSettings:
+    """Validate a driver's options with its own settings model; errors name the key."""
+    try:
+        return settings_model.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "EngineSection",
+    "GatewaySection",
+    "PluginsSection",
+    "engine_settings",
+    "load_config",
+]

@@ -1,0 +1,89 @@
+"""The LoRA adapter registry: names, ids and paths, with the contract's lifecycle rules.
+
+The gateway owns the name ↔ id ↔ path mapping (some engines list adapters by id only), so
+every driver gets the same semantics:
+
+* ``lora_id`` is positive, ``lora_name`` non-empty, ``source_path`` an absolute directory
+  (symlinks resolved) inside the operator's allowed roots when those are configured;
+* loading the same id, name and path again is idempotent (``already_loaded``);
+* a conflicting id, name or path is ALREADY_EXISTS; an unknown name is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .. import pb
+from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from ..spi.requests import LoraAdapter
+
+
+def adapter_to_proto(adapter: LoraAdapter) -> pb.LoraAdapter:
+    """The wire form of a registered adapter."""
+    return pb.LoraAdapter(lora_id=adapter.lora_id, lora_name=adapter.lora_name, source_path=adapter.source_path)
+
+
+class LoraRegistry:
+    """Registered adapters by name, in load order."""
+
+    def __init__(self, allowed_roots: Sequence[str] = ()) -> None:
+        self._allowed = tuple(Path(os.path.realpath(root)) for root in allowed_roots)
+        self._by_name: dict[str, LoraAdapter] = {}
+
+    def seed(self, adapters: Iterable[LoraAdapter]) -> None:
+        """Adapters an engine was started with."""
+        for adapter in adapters:
+            self._by_name[adapter.lora_name] = adapter
+
+    def resolve(self, requested: pb.LoraAdapter) -> tuple[LoraAdapter, bool]:
+        """Validate a load request: the adapter to load, and whether it is already loaded."""
+        if requested.lora_id <= 0:
+            raise InvalidArgument("adapter.lora_id must be positive")
+        if not requested.lora_name:
+            raise InvalidArgument("adapter.lora_name must be non-empty")
+        path = requested.source_path
+        if not path or not os.path.isabs(path):
+            raise InvalidArgument("adapter.source_path must be an absolute directory path")
+        real = Path(os.path.realpath(path))
+        if self._allowed and not any(real.is_relative_to(root) for root in self._allowed):
+            raise PermissionDenied("adapter.source_path is outside the directories this gateway allows")
+        if not real.is_dir():
+            raise InvalidArgument("adapter.source_path is not a directory visible to the engine")
+        adapter = LoraAdapter(requested.lora_id, requested.lora_name, str(real))
+        existing = self._by_name.get(adapter.lora_name)
+        if existing == adapter:
+            return adapter, True
+        if existing is not None:
+            raise AlreadyExists(f"a different adapter is loaded as {adapter.lora_name!r}")
+        for other in self._by_name.values():
+            if other.lora_id == adapter.lora_id:
+                raise AlreadyExists(f"lora_id {adapter.lora_id} is in use by {other.lora_name!r}")
+            if other.source_path == adapter.source_path:
+                raise AlreadyExists(f"that source_path is already loaded as {other.lora_name!r}")
+        return adapter, False
+
+    def add(self, adapter: LoraAdapter) -> None:
+        """Record a loaded adapter."""
+        self._by_name[adapter.lora_name] = adapter
+
+    def get(self, name: str) -> LoraAdapter:
+        """The adapter registered as ``name``; NOT_FOUND otherwise."""
+        adapter = self._by_name.get(name)
+        if adapter is None:
+            raise NotFound(f"no LoRA adapter named {name!r} is loaded")
+        return adapter
+
+    def remove(self, name: str) -> LoraAdapter:
+        """Forget an adapter; NOT_FOUND when unknown."""
+        adapter = self.get(name)
+        del self._by_name[name]
+        return adapter
+
+    def adapters(self) -> list[LoraAdapter]:
+        """Every registered adapter, in load order."""
+        return list(self._by_name.values())
+
+
+__all__ = ["LoraRegistry", "adapter_to_proto"]

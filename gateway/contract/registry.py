@@ -1,0 +1,103 @@
+"""The request-id namespace shared by Generate, Embed, Classify and Score.
+
+One registry per gateway. An accepted request is in flight until it ends; its id then moves
+to a bounded window of finished ids, so ``Abort`` can answer ALREADY_FINISHED for recent
+requests and NOT_FOUND for ids it never saw (or forgot). An in-flight duplicate is rejected
+before acceptance with ALREADY_EXISTS. The in-flight count is also the admission limit and
+what ``Drain`` waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import AlreadyExists, ResourceExhausted
+
+
+@dataclass(slots=True, eq=False)
+class ActiveRequest:
+    """An accepted request. ``stop`` makes it end promptly (the core sets it at admission)."""
+
+    request_id: str
+    kind: str
+    model: str
+    kv_session_id: str | None = None
+    stop: Callable[[str], None] = field(default=lambda _reason: None)
+    aborted: bool = False
+    abort_reason: str = ""
+
+    def abort(self, reason: str) -> None:
+        """Mark aborted and stop it; idempotent."""
+        if not self.aborted:
+            self.aborted = True
+            self.abort_reason = reason
+            self.stop(reason)
+
+
+class RequestRegistry:
+    """In-flight requests by id, recently finished ids, and change notification for drains."""
+
+    def __init__(self, *, finished_window: int = 65536, max_in_flight: int | None = None) -> None:
+        self._active: dict[str, ActiveRequest] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished_window = finished_window
+        self._max_in_flight = max_in_flight
+        self._changed = asyncio.Event()
+
+    def admit(self, request: ActiveRequest) -> None:
+        """Register an accepted request, or reject a duplicate id / a full gateway."""
+        if request.request_id in self._active:
+            raise AlreadyExists(f"request {request.request_id!r} is already in flight")
+        if self._max_in_flight is not None and len(self._active) >= self._max_in_flight:
+            raise ResourceExhausted(
+                f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
+            )
+        self._active[request.request_id] = request
+        self._finished.pop(request.request_id, None)
+        self._notify()
+
+    def release(self, request: ActiveRequest) -> None:
+        """The request ended (any way); remember its id as finished."""
+        if self._active.get(request.request_id) is not request:
+            return
+        del self._active[request.request_id]
+        self._finished[request.request_id] = None
+        if len(self._finished) > self._finished_window:
+            self._finished.popitem(last=False)
+        self._notify()
+
+    def get(self, request_id: str) -> ActiveRequest | None:
+        """The in-flight request with this id, if any."""
+        return self._active.get(request_id)
+
+    def recently_finished(self, request_id: str) -> bool:
+        """True when the id finished and is still inside the remembered window."""
+        return request_id in self._finished
+
+    def in_flight(self) -> list[ActiveRequest]:
+        """A snapshot of every in-flight request."""
+        return list(self._active.values())
+
+    def with_kv_session(self, session_id: str) -> list[ActiveRequest]:
+        """In-flight requests attached to the KV session ``session_id``."""
+        return [r for r in self._active.values() if r.kv_session_id == session_id]
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    async def wait_changed(self, within_s: float | None) -> None:
+        """Return after the next admit/release, or after ``within_s`` seconds."""
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), within_s)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+__all__ = ["ActiveRequest", "RequestRegistry"]

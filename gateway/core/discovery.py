@@ -1,0 +1,148 @@
+"""EngineInfo, ModelInfo, LoadInfo and KV connector discovery, built from what drivers report.
+
+Presence is kept exactly: a value a driver did not report stays absent (unknown), and a
+reported zero or false is sent as such. With several engines behind one endpoint,
+``EngineInfo`` describes the set: see ``engine_info``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+from .. import __version__, pb
+from ..engines import Engine, EngineSet
+from ..errors import InvalidArgument
+
+GATEWAY_ENGINE_NAME = "openengine-gateway"
+"""``engine_name`` when engines of different kinds share one endpoint."""
+
+_WILDCARDS = {"", "*", "0.0.0.0", "::", "[::]"}
+
+
+class DiscoveryService:
+    """The metadata RPCs."""
+
+    def __init__(self, engines: EngineSet, *, instance_id: str, advertise_host: str) -> None:
+        self._engines = engines
+        self._instance_id = instance_id
+        self._advertise_host = advertise_host
+
+    def engine_info(self, request: pb.GetEngineInfoRequest | None = None) -> pb.EngineInfo:
+        """The served engine's identity (or the set's, when several engines are served).
+
+        One engine: its own name, version, role, parallelism and KV connector. Several: the
+        common name, version and role when all engines agree, else ``openengine-gateway``, the
+        gateway's version and ROLE_UNSPECIFIED; parallelism and KV connector are reported only
+        when every engine reports the same. ``supported_models`` always lists every served
+        name and alias; ``GetModelInfo`` describes each one exactly.
+        """
+        engines = list(self._engines)
+        first = engines[0].facts
+        info = pb.EngineInfo(
+            instance_id=self._instance_id,
+            supported_models=self._engines.served_names,
+            schema_revision=pb.SCHEMA_REVISION,
+            minimum_client_revision=pb.MINIMUM_CLIENT_REVISION,
+            schema_release=pb.SCHEMA_RELEASE,
+        )
+        if all(e.facts.engine_name == first.engine_name for e in engines):
+            info.engine_name = first.engine_name
+            if all(e.facts.engine_version == first.engine_version for e in engines):
+                info.engine_version = first.engine_version
+        else:
+            info.engine_name = GATEWAY_ENGINE_NAME
+            info.engine_version = __version__
+        if all(e.role == first.role for e in engines):
+            info.role = first.role
+        if all(e.facts.parallelism == first.parallelism for e in engines):
+            info.parallelism.CopyFrom(first.parallelism)
+        connector = self._common_connector()
+        if connector is not None:
+            info.kv_connector.CopyFrom(connector)
+        return info
+
+    def model_info(self, request: pb.GetModelInfoRequest) -> pb.ModelInfo:
+        """The advertised capabilities of one served model (by name or alias)."""
+        if not request.model:
+            raise InvalidArgument("model is required")
+        return self._engines.resolve(request.model).model_info
+
+    def kv_connector(self, request: pb.GetKvConnectorInfoRequest | None = None) -> pb.KvConnectorInfo:
+        """The KV connector; every field unknown when engines report different connectors."""
+        connector = self._common_connector()
+        return connector if connector is not None else pb.KvConnectorInfo()
+
+    def _common_connector(self) -> pb.KvConnectorInfo | None:
+        connectors = [_connector(e) for e in self._engines]
+        return connectors[0] if all(c == connectors[0] for c in connectors) else None
+
+    async def load(self, request: pb.GetLoadRequest) -> pb.LoadInfo:
+        """A point-in-time load snapshot, summed across engines where every engine reports."""
+        loads = [await engine.backend.load() for engine in self._engines]
+        merged = loads[0] if len(loads) == 1 else _sum_loads(loads)
+        result = pb.LoadInfo()
+        result.CopyFrom(merged)
+        result.instance_id = self._instance_id
+        if not result.HasField("timestamp_unix_nanos"):
+            result.timestamp_unix_nanos = time.time_ns()
+        if not request.include_per_rank:
+            del result.ranks[:]
+        return result
+
+    def kv_event_sources(self, request: pb.GetKvEventSourcesRequest) -> pb.GetKvEventSourcesResponse:
+        """Engine-native publishers, with routable hosts only, filtered by rank."""
+        wanted = set(request.data_parallel_ranks)
+        response = pb.GetKvEventSourcesResponse()
+        for engine in self._engines:
+            for source in engine.backend.kv_event_sources():
+                if wanted and source.HasField("data_parallel_rank") and source.data_parallel_rank not in wanted:
+                    continue
+                routable = response.sources.add()
+                routable.CopyFrom(source)
+                if _is_wildcard(routable.endpoint_addr.host):
+                    routable.endpoint_addr.host = self._advertise_host
+        return response
+
+
+def _connector(engine: Engine) -> pb.KvConnectorInfo:
+    if engine.facts.kv_connector is not None:
+        return engine.facts.kv_connector
+    return pb.KvConnectorInfo(enabled=False)
+
+
+def _is_wildcard(host: str) -> bool:
+    if host in _WILDCARDS:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+_SUMMED = (
+    "running_requests",
+    "queued_requests",
+    "active_kv_sessions",
+    "used_kv_blocks",
+    "total_kv_blocks",
+    "running_tokens",
+    "waiting_tokens",
+    "prefill_batch_size",
+    "decode_batch_size",
+)
+
+
+def _sum_loads(loads: list[pb.LoadInfo]) -> pb.LoadInfo:
+    """Sum each scalar that every engine reports; keep per-rank entries with their ranks."""
+    merged = pb.LoadInfo()
+    for name in _SUMMED:
+        if all(load.HasField(name) for load in loads):
+            setattr(merged, name, sum(getattr(load, name) for load in loads))
+    for load in loads:
+        merged.ranks.extend(load.ranks)
+        merged.attributes.update(load.attributes)
+    return merged
+
+
+__all__ = ["GATEWAY_ENGINE_NAME", "DiscoveryService"]

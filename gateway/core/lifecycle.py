@@ -1,0 +1,243 @@
+"""Health, Abort and Drain: the gateway-wide lifecycle, the same for every driver."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from .. import pb
+from ..contract.registry import RequestRegistry
+from ..engines import Engine, EngineSet
+from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure
+from ..spi.events import EventStream, OutputFinished, PrefillDone
+from ..spi.requests import GenerationRequest, Stopping
+from .generation import pump_events
+from .state import GatewayState
+
+log = logging.getLogger(__name__)
+
+_SEVERITY = {
+    pb.HEALTH_STATE_READY: 0,
+    pb.HEALTH_STATE_DEGRADED: 1,
+    pb.HEALTH_STATE_STARTING: 2,
+    pb.HEALTH_STATE_NOT_READY: 3,
+}
+
+
+def worst(states: list[int]) -> int:
+    """The overall state of a set of checks: the least ready one."""
+    return max(states, key=lambda s: _SEVERITY.get(s, 3), default=pb.HEALTH_STATE_READY)
+
+
+class LifecycleService:
+    """Health with inference probes, Abort by id, session or all, and Drain."""
+
+    def __init__(
+        self,
+        engines: EngineSet,
+        registry: RequestRegistry,
+        state: GatewayState,
+        *,
+        probe_timeout: float = 30.0,
+        drain_progress_interval: float = 0.5,
+    ) -> None:
+        self._engines = engines
+        self._registry = registry
+        self._state = state
+        self._probe_timeout = probe_timeout
+        self._progress_interval = drain_progress_interval
+
+    # -- Health ---------------------------------------------------------------------------
+
+    async def health(self, request: pb.HealthRequest) -> pb.HealthResponse:
+        """Readiness from the gateway and each engine; optionally a real inference probe."""
+        if request.role not in pb.EngineRole.values():
+            raise InvalidArgument(f"unknown role {request.role}")
+        selected = [self._engines.resolve(request.model)] if request.model else list(self._engines)
+        if not self._state.started:
+            return pb.HealthResponse(
+                state=pb.HEALTH_STATE_STARTING,
+                checks=[pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_STARTING, message="starting")],
+            )
+        checks = [pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_READY, message="serving")]
+        for engine in selected:
+            prefix = f"{engine.served_name}: " if len(self._engines) > 1 else ""
+            for check in await engine.backend.check_health():
+                checks.append(pb.HealthCheck(name=check.name, state=check.state, message=prefix + check.message))
+            if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
+                checks.append(_role_check(engine, request.role, prefix))
+        if request.include_inference_probe:
+            engine = selected[0]
+            checks.append(await self._probe_check(engine))
+        if self._state.draining:
+            return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
+        return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
+
+    async def _probe_check(self, engine: Engine) -> pb.HealthCheck:
+        try:
+            message = await asyncio.wait_for(self.probe(engine), self._probe_timeout)
+            return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_READY, message=message)
+        except TimeoutError:
+            text = f"no result within {self._probe_timeout:g}s"
+        except Exception as exc:  # broad on purpose: any probe failure is a NOT_READY check
+            text = as_failure(exc).message
+        return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_NOT_READY, message=text)
+
+    async def probe(self, engine: Engine) -> str:
+        """A minimal real inference fitting the engine's role; returns what it observed.
+
+        Aggregated and decode engines generate one token; a prefill engine prefills a short
+        prompt and its KV session is released right away.
+        """
+        request_id = f"probe-{uuid.uuid4().hex}"
+        text_ok = not engine.model_info.HasField("supports_text_input") or engine.model_info.supports_text_input
+        request = GenerationRequest(
+            request_id=request_id,
+            model=engine.served_name,
+            prompt="Hello" if text_ok else None,
+            prompt_token_ids=None if text_ok else [0],
+            stopping=Stopping(max_tokens=1),
+        )
+        source = engine.backend.generate(request)
+        events, pump = (source, None) if isinstance(source, EventStream) else pump_events(source)
+        done = False
+        try:
+            async for event in events:
+                if isinstance(event, PrefillDone):
+                    await engine.backend.abort_kv_session(event.session.session_id)
+                    done = True
+                    return "prefill produced a KV session"
+                if isinstance(event, OutputFinished):
+                    done = True
+                    return "generated a token"
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the probe ended without a result")
+        finally:
+            if pump is not None:
+                pump.cancel()
+            if not done:
+                await engine.backend.abort(request_id)
+
+    # -- Abort ----------------------------------------------------------------------------
+
+    async def abort(self, request: pb.AbortRequest) -> pb.AbortResponse:
+        """Abort one request, the requests and KV state of one session, or everything."""
+        target = request.WhichOneof("target")
+        if target is None:
+            raise InvalidArgument("exactly one abort target is required (request_id, kv_session or all_requests)")
+        if target == "request_id":
+            return self._abort_request(request.request_id)
+        if target == "kv_session":
+            return await self._abort_session(request.kv_session.session_id)
+        aborted = self._abort_all("aborted by Abort(all_requests)")
+        return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"aborted {aborted} requests")
+
+    def _abort_request(self, request_id: str) -> pb.AbortResponse:
+        if not request_id:
+            raise InvalidArgument("abort request_id must be non-empty")
+        active = self._registry.get(request_id)
+        if active is not None:
+            engine = self._engines.resolve(active.model)
+            if not engine.facts.supports_abort:
+                raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
+            active.abort("aborted by Abort")
+            return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {request_id!r} aborted")
+        if self._registry.recently_finished(request_id):
+            return pb.AbortResponse(
+                status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {request_id!r} already finished"
+            )
+        raise NotFound(f"no request {request_id!r} is in flight or recently finished")
+
+    async def _abort_session(self, session_id: str) -> pb.AbortResponse:
+        if not session_id:
+            raise InvalidArgument("abort kv_session.session_id must be non-empty")
+        attached = self._registry.with_kv_session(session_id)
+        for active in attached:
+            active.abort(f"KV session {session_id!r} aborted")
+        released = False
+        for engine in self._engines:
+            released = await engine.backend.abort_kv_session(session_id) or released
+        if not attached and not released:
+            raise NotFound(f"no KV session {session_id!r} is open")
+        return pb.AbortResponse(
+            status=pb.ABORT_STATUS_ABORTED,
+            message=f"KV session {session_id!r} aborted ({len(attached)} attached requests)",
+        )
+
+    def _abort_all(self, reason: str) -> int:
+        in_flight = self._registry.in_flight()
+        for active in in_flight:
+            active.abort(reason)
+        return len(in_flight)
+
+    # -- Drain ----------------------------------------------------------------------------
+
+    async def drain(self, request: pb.DrainRequest) -> AsyncIterator[pb.DrainResponse]:
+        """STARTED, IN_PROGRESS on every change, then COMPLETE (or one terminal error)."""
+        loop = asyncio.get_running_loop()
+        if request.stop_accepting_new_requests:
+            self._state.draining = True
+        deadline = loop.time() + request.deadline_ms / 1000 if request.HasField("deadline_ms") else None
+        counts = await self._counts()
+        yield _drain_response(pb.DRAIN_STATE_STARTED, counts, "drain started")
+        aborted = False
+        while True:
+            in_flight, sessions = counts
+            if in_flight == 0 and not sessions:
+                yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
+                return
+            now = loop.time()
+            if deadline is not None and now >= deadline and not aborted:
+                if not request.abort_after_deadline:
+                    failure = EngineFailure(
+                        pb.ERROR_CODE_DRAINING,
+                        f"drain deadline passed with {in_flight} requests and {sessions or 0} KV sessions open",
+                        retryable=True,
+                        retry_after_ms=0,
+                        details={"in_flight_requests": in_flight, "open_kv_sessions": sessions or 0},
+                    )
+                    yield pb.DrainResponse(error=failure.to_proto())
+                    return
+                self._abort_all("aborted by Drain after its deadline")
+                for engine in self._engines:
+                    await engine.backend.abort_all_kv_sessions()
+                aborted = True
+            wait = self._progress_interval
+            if deadline is not None and not aborted:
+                wait = min(wait, max(deadline - now, 0.0))
+            await self._registry.wait_changed(wait)
+            latest = await self._counts()
+            if latest != counts and latest[0] + (latest[1] or 0) > 0:
+                yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, latest, "draining")
+            counts = latest
+
+    async def _counts(self) -> tuple[int, int | None]:
+        """In-flight requests, and open KV sessions (None when no engine reports them)."""
+        sessions: int | None = None
+        for engine in self._engines:
+            load = await engine.backend.load()
+            if load.HasField("active_kv_sessions"):
+                sessions = (sessions or 0) + load.active_kv_sessions
+        return len(self._registry), sessions
+
+
+def _role_check(engine: Engine, expected: int, prefix: str) -> pb.HealthCheck:
+    if engine.role == expected:
+        return pb.HealthCheck(name="role", state=pb.HEALTH_STATE_READY, message=f"{prefix}role matches")
+    return pb.HealthCheck(
+        name="role",
+        state=pb.HEALTH_STATE_NOT_READY,
+        message=f"{prefix}engine role is {pb.EngineRole.Name(engine.role)}, expected {pb.EngineRole.Name(expected)}",
+    )
+
+
+def _drain_response(state: int, counts: tuple[int, int | None], message: str) -> pb.DrainResponse:
+    in_flight, sessions = counts
+    response = pb.DrainResponse(state=state, in_flight_requests=in_flight, message=message)
+    if sessions is not None:
+        response.open_kv_sessions = sessions
+    return response
+
+
+__all__ = ["LifecycleService", "worst"]

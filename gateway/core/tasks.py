@@ -1,0 +1,124 @@
+"""Embed, Classify and Score: unary task calls with the shared request-id namespace.
+
+Each call is validated before acceptance, registered under its request id (so ``Abort``
+and duplicates behave exactly as for Generate), run on its own task (so ``Abort`` can stop
+it and the call answers CANCELLED), and its result checked against the contract before it
+is returned. Unary calls have no error event: every failure is a non-OK status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from .. import pb
+from ..contract import tasks as rules
+from ..contract.lora import LoraRegistry
+from ..contract.registry import ActiveRequest, RequestRegistry
+from ..contract.stream import ContractViolation
+from ..engines import Engine, EngineSet
+from ..errors import Cancelled, Internal, as_status_error
+from ..spi.requests import TaskContext
+from .background import BackgroundTasks
+from .state import GatewayState
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class TaskService:
+    """Runs the non-generative task RPCs."""
+
+    def __init__(
+        self,
+        engines: EngineSet,
+        registry: RequestRegistry,
+        state: GatewayState,
+        loras: LoraRegistry,
+        background: BackgroundTasks,
+    ) -> None:
+        self._engines = engines
+        self._registry = registry
+        self._state = state
+        self._loras = loras
+        self._background = background
+
+    def _route(self, context: pb.TaskRequestContext) -> Engine:
+        rules.require_context(context)
+        self._state.check_accepting()
+        return self._engines.resolve(context.model, required=True)
+
+    async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
+        """Embeddings for every input, in order."""
+        engine = self._route(request.context)
+        call = rules.parse_embed(request, engine.model_info)
+        outputs, usage = await self._run(engine, call.context, engine.backend.embed(call))
+        return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
+
+    async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
+        """Class scores for every input, in order."""
+        engine = self._route(request.context)
+        call = rules.parse_classify(request, engine.model_info)
+        outputs, usage = await self._run(engine, call.context, engine.backend.classify(call))
+        return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
+
+    async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
+        """Scores for every candidate of every group, in order."""
+        engine = self._route(request.context)
+        call = rules.parse_score(request, engine.model_info)
+        result, usage = await self._run(engine, call.context, engine.backend.score(call))
+        return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
+
+    async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T]) -> T:
+        """Admit, run abortably, and turn any failure into a status."""
+        try:
+            if context.lora_name is not None:
+                self._loras.get(context.lora_name)
+            active = ActiveRequest(context.request_id, "task", engine.served_name)
+            self._registry.admit(active)
+        except BaseException:
+            _close(work)
+            raise
+        task = asyncio.ensure_future(work)
+        active.stop = lambda _reason: task.cancel()
+        finished = False
+        try:
+            result = await task
+            finished = True
+            return result
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if active.aborted and (current is None or not current.cancelling()):
+                raise Cancelled(f"request {context.request_id!r} was aborted: {active.abort_reason}") from None
+            raise
+        except Exception as exc:  # broad on purpose: unary failures must become a status
+            error = as_status_error(exc)
+            if isinstance(error, Internal):
+                log.error("task %s failed", context.request_id, exc_info=exc)
+            raise error from None
+        finally:
+            self._registry.release(active)
+            if not finished:
+                task.cancel()
+                self._background.spawn(engine.backend.abort(context.request_id), f"abort {context.request_id}")
+
+
+def _assembled(assemble: Callable[[], T]) -> T:
+    """The checked response; a contract violation by the driver is an INTERNAL status."""
+    try:
+        return assemble()
+    except ContractViolation as violation:
+        log.error("driver broke the task contract: %s", violation)
+        raise Internal(f"the engine returned a malformed result: {violation}") from None
+
+
+def _close(work: Awaitable[object]) -> None:
+    """Close an un-awaited coroutine so it does not warn."""
+    close = getattr(work, "close", None)
+    if close is not None:
+        close()
+
+
+__all__ = ["TaskService"]

@@ -1,0 +1,101 @@
+"""The engines this process serves, keyed by served model name and aliases.
+
+An ``Engine`` is a started backend plus what it advertised. ``EngineSet`` routes a request's
+``model`` to its engine: an unknown name is NOT_FOUND; an empty name is allowed only where
+the contract does not require one and exactly one engine is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from . import pb
+from .contract.capabilities import check_model_info
+from .errors import InvalidArgument, NotFound
+from .spi.backend import Backend, EngineFacts
+
+
+class ConfigurationError(ValueError):
+    """The engines configuration cannot be served (a name served twice, a bad option...)."""
+
+
+@dataclass(eq=False)
+class Engine:
+    """A started backend serving one model under a name and optional aliases."""
+
+    served_name: str
+    aliases: tuple[str, ...]
+    backend: Backend
+    facts: EngineFacts
+    model_info: pb.ModelInfo = field(init=False)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_model_info(self.facts.model)
+        info = pb.ModelInfo()
+        info.CopyFrom(self.facts.model)
+        if not info.model_id:
+            info.model_id = self.backend.settings.model or self.served_name
+        info.served_model_name = self.served_name
+        del info.served_model_aliases[:]
+        info.served_model_aliases.extend(self.aliases)
+        self.model_info = info
+        if not self.facts.instance_id:
+            self.facts.instance_id = uuid.uuid4().hex
+
+    @property
+    def role(self) -> int:
+        """The engine's ``EngineRole``."""
+        return self.facts.role
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The served name first, then the aliases."""
+        return (self.served_name, *self.aliases)
+
+
+class EngineSet:
+    """Every served engine, with routing by model name."""
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        if not engines:
+            raise ConfigurationError("no engine is configured")
+        self._engines = list(engines)
+        self._by_name: dict[str, Engine] = {}
+        for engine in self._engines:
+            for name in engine.names:
+                if not name:
+                    raise ConfigurationError("a served model name must be non-empty")
+                if name in self._by_name:
+                    raise ConfigurationError(f"model name {name!r} is served twice")
+                self._by_name[name] = engine
+
+    def __iter__(self) -> Iterator[Engine]:
+        return iter(self._engines)
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    @property
+    def served_names(self) -> list[str]:
+        """Every served model name and alias, in configuration order."""
+        return list(self._by_name)
+
+    def resolve(self, model: str, *, required: bool = False) -> Engine:
+        """The engine serving ``model``; an empty name means the only engine when allowed."""
+        if not model:
+            if required:
+                raise InvalidArgument("model is required")
+            if len(self._engines) == 1:
+                return self._engines[0]
+            raise InvalidArgument(f"model is required: this gateway serves {self.served_names}")
+        engine = self._by_name.get(model)
+        if engine is None:
+            raise NotFound(f"model {model!r} is not served here; served models: {self.served_names}")
+        return engine
+
+
+__all__ = ["ConfigurationError", "Engine", "EngineSet"]

@@ -1,0 +1,99 @@
+"""Finding and loading backend drivers from the ``openengine.backends`` entry-point group.
+
+In-tree drivers register exactly as a third-party package does. Exactly one driver is
+imported: the one selected by name (stevedore ``DriverManager`` semantics), so a broken or
+heavy plugin that is not selected costs nothing. Failures are loud and specific: an unknown
+name lists what is installed; a driver that fails to import is reported with its traceback
+and the distribution that provides it; a driver written for another SPI version is refused.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Collection
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+from stevedore import DriverManager
+from stevedore.exception import MultipleMatches, NoMatches
+
+from .spi.backend import SPI_VERSION, Backend
+
+GROUP = "openengine.backends"
+"""The entry-point group a backend plugin registers in."""
+
+
+class PluginError(RuntimeError):
+    """A backend cannot be loaded; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class InstalledBackend:
+    """An entry point in the backend group, described without importing it."""
+
+    name: str
+    target: str
+    distribution: str
+    version: str
+
+
+def _describe(entry_point: EntryPoint) -> InstalledBackend:
+    dist = entry_point.dist
+    return InstalledBackend(
+        name=entry_point.name,
+        target=entry_point.value,
+        distribution=dist.name if dist is not None else "unknown",
+        version=dist.version if dist is not None else "unknown",
+    )
+
+
+def installed_backends() -> list[InstalledBackend]:
+    """Every registered backend, sorted by name (nothing is imported)."""
+    return sorted((_describe(ep) for ep in entry_points(group=GROUP)), key=lambda b: (b.name, b.distribution))
+
+
+def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Backend]:
+    """Import and return the driver class registered as ``name``.
+
+    ``allowed`` is the configured allowlist (None allows every installed backend).
+    """
+    if allowed is not None and name not in allowed:
+        raise PluginError(
+            f"backend {name!r} is not allowed by the configuration; allowed: {sorted(allowed)} "
+            "(add it to [plugins] allow in plugins.toml)"
+        )
+    candidates = [b for b in installed_backends() if b.name == name]
+    if not candidates:
+        names = sorted({b.name for b in installed_backends()})
+        raise PluginError(f"unknown backend {name!r}; installed backends: {', '.join(names) or 'none'}")
+    failures: list[tuple[EntryPoint, BaseException]] = []
+
+    def on_failure(_manager: object, entry_point: EntryPoint, error: BaseException) -> None:
+        failures.append((entry_point, error))
+
+    try:
+        manager = DriverManager(GROUP, name, invoke_on_load=False, on_load_failure_callback=on_failure)
+    except MultipleMatches:
+        providers = ", ".join(f"{b.distribution} {b.version}" for b in candidates)
+        raise PluginError(f"backend {name!r} is registered by several distributions: {providers}") from None
+    except NoMatches:
+        manager = None
+    if failures or manager is None:
+        described = candidates[0]
+        detail = "".join(traceback.format_exception(failures[0][1])) if failures else "no driver was loaded\n"
+        raise PluginError(
+            f"backend {name!r} ({described.target}) from distribution {described.distribution} "
+            f"{described.version} failed to import:\n{detail}"
+        )
+    driver = manager.driver
+    if not (isinstance(driver, type) and issubclass(driver, Backend)):
+        raise PluginError(f"backend {name!r} ({candidates[0].target}) is not a openengine_gateway.spi.Backend subclass")
+    if driver.spi_version != SPI_VERSION:
+        raise PluginError(
+            f"backend {name!r} from {candidates[0].distribution} {candidates[0].version} implements backend SPI "
+            f"version {driver.spi_version}; this gateway implements version {SPI_VERSION}"
+        )
+    return driver
+
+
+__all__ = ["GROUP", "InstalledBackend", "PluginError", "installed_backends", "load_backend"]

@@ -1,0 +1,88 @@
+"""The backend SPI: everything a driver (in tree or third-party) imports.
+
+``from openengine_gateway import spi`` gives the ``Backend`` base class, its settings base,
+``EngineFacts``, the validated request types, the generation events with their
+``EventStream``, and the streaming helpers. ``openengine_gateway.pb`` gives the protobuf
+messages used for capabilities, load and events; ``openengine_gateway.errors`` the errors.
+"""
+
+from .backend import SPI_VERSION, Backend, BackendSettings, EngineFacts
+from .events import (
+    Candidate,
+    EventStream,
+    GenerationEvent,
+    OutputFinished,
+    PrefillDone,
+    PromptTokens,
+    StopMatch,
+    TokenDelta,
+    TokenRecord,
+    UsageReport,
+)
+from .requests import (
+    CandidateSelection,
+    ClassifyCall,
+    EmbedCall,
+    Endpoint,
+    GenerationRequest,
+    Guidance,
+    KvSession,
+    LogprobRequest,
+    LoraAdapter,
+    Media,
+    Sampling,
+    ScoreCall,
+    ScoreGroupCall,
+    Stopping,
+    TaskContext,
+    TaskItem,
+)
+from .streaming import (
+    CumulativeOutput,
+    StopTextHit,
+    StopTextMatcher,
+    rank_by_logprob,
+    resolve_max_tokens,
+    select_candidates,
+    stop_match_for_token,
+)
+
+__all__ = [
+    "SPI_VERSION",
+    "Backend",
+    "BackendSettings",
+    "Candidate",
+    "CandidateSelection",
+    "ClassifyCall",
+    "CumulativeOutput",
+    "EmbedCall",
+    "Endpoint",
+    "EngineFacts",
+    "EventStream",
+    "GenerationEvent",
+    "GenerationRequest",
+    "Guidance",
+    "KvSession",
+    "LogprobRequest",
+    "LoraAdapter",
+    "Media",
+    "OutputFinished",
+    "PrefillDone",
+    "PromptTokens",
+    "Sampling",
+    "ScoreCall",
+    "ScoreGroupCall",
+    "StopMatch",
+    "StopTextHit",
+    "StopTextMatcher",
+    "Stopping",
+    "TaskContext",
+    "TaskItem",
+    "TokenDelta",
+    "TokenRecord",
+    "UsageReport",
+    "rank_by_logprob",
+    "resolve_max_tokens",
+    "select_candidates",
+    "stop_match_for_token",
+]

@@ -1,0 +1,173 @@
+"""The backend SPI: the one interface a driver implements, in tree or in a plugin.
+
+A driver is a ``Backend`` subclass registered under the ``openengine.backends`` entry-point
+group. The gateway creates it with its validated ``Settings``, calls ``start`` once, serves
+requests, and calls ``stop`` once. Five methods are abstract; everything optional (tasks,
+LoRA, KV sessions, KV and runtime events, load, health) has a default that reports "not
+supported", and the driver advertises what it overrides in ``EngineFacts.model`` (a
+``ModelInfo``) and the ``EngineFacts`` flags. The core enforces those facts before it calls
+the driver, so a driver never sees a request for something it did not advertise.
+
+Versioning: ``SPI_VERSION`` changes when this interface changes incompatibly. A driver
+declares the version it was written for in ``Backend.spi_version``; the gateway refuses to
+load one that differs, with a message naming the driver.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from .. import pb
+from ..errors import Unimplemented
+from .events import EventStream, GenerationEvent
+from .requests import ClassifyCall, EmbedCall, GenerationRequest, LoraAdapter, ScoreCall
+
+SPI_VERSION = 1
+"""The backend SPI revision this gateway implements."""
+
+
+class BackendSettings(BaseModel):
+    """Base of a driver's settings model: unknown keys are errors that name the key.
+
+    ``model`` is the model path or id the engine loads; a driver's subclass adds its own
+    options (validated by pydantic, from ``plugins.toml`` or command-line flags).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    model: str = ""
+
+
+@dataclass
+class EngineFacts:
+    """What a started engine is: identity, role, parallelism and its model's capabilities.
+
+    ``model`` is the truth table for discovery *and* enforcement: ``GetModelInfo`` returns it
+    (with the served name and aliases filled in by the gateway) and the core rejects every
+    explicit request option it does not advertise. Presence matters: leave a limit unset
+    when the engine cannot report it; set ``False`` when a feature is known to be missing.
+    """
+
+    engine_name: str
+    engine_version: str
+    model: pb.ModelInfo
+    role: pb.EngineRole = pb.ENGINE_ROLE_AGGREGATED
+    parallelism: pb.ParallelismInfo = field(default_factory=pb.ParallelismInfo)
+    kv_connector: pb.KvConnectorInfo | None = None
+    instance_id: str = ""
+    lora_adapters: Sequence[LoraAdapter] = ()
+    """Adapters the engine was started with; the gateway's registry begins with them."""
+    publishes_kv_events: bool = False
+    """``kv_events`` yields the engine's KV cache events."""
+    publishes_runtime_events: bool = False
+    """``runtime_events`` yields scheduler and transfer events."""
+    supports_abort: bool = True
+    """``abort`` stops a running request; without it ``Abort`` answers UNIMPLEMENTED."""
+
+
+class Backend(ABC):
+    """One inference engine serving one model.
+
+    Subclasses set ``name`` (the entry-point name), ``Settings`` (a ``BackendSettings``
+    subclass) and implement the abstract methods. Everything runs on the gateway's event
+    loop: never block it (run blocking native calls in a thread or the engine's own loop).
+    """
+
+    name: ClassVar[str] = ""
+    spi_version: ClassVar[int] = SPI_VERSION
+    Settings: ClassVar[type[BackendSettings]] = BackendSettings
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    async def start(self) -> EngineFacts:
+        """Start (or connect to) the engine and describe it. Called once, before serving."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Release the engine. Called once; in-flight requests were already aborted."""
+
+    @abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Start generating; return the request's events.
+
+        This method is synchronous on purpose: it is the driver's half of pre-acceptance
+        validation. Raise a ``RequestError`` (``InvalidArgument``, ``NotFound``...) here for a
+        request the engine cannot take, and the client gets that gRPC status. What is
+        returned (an ``EventStream`` fed by the engine loop, or an async generator the core
+        drains into one) runs after acceptance, where failures are ``EngineFailure``.
+
+        The events follow the protocol in ``spi.events``. Client cancellation, deadlines and
+        ``Abort`` all reach the driver through ``abort``.
+        """
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop the accepted request ``request_id`` and free what it holds; idempotent."""
+
+    # -- optional capabilities: advertise them in EngineFacts, override them here --------
+
+    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+        """One ``EmbeddingOutput`` per item, in order; the core fills ids and indexes."""
+        raise Unimplemented(f"{self.name} does not implement Embed")
+
+    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+        """One ``ClassificationOutput`` per item, in order; the core fills ids and indexes."""
+        raise Unimplemented(f"{self.name} does not implement Classify")
+
+    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+        """Every group and candidate in order, with the actual semantics reported."""
+        raise Unimplemented(f"{self.name} does not implement Score")
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        """Load ``adapter`` (already validated and unique) so requests can name it."""
+        raise Unimplemented(f"{self.name} does not implement LoRA loading")
+
+    async def unload_lora(self, adapter: LoraAdapter) -> None:
+        """Unload ``adapter``; requests naming it are rejected from now on."""
+        raise Unimplemented(f"{self.name} does not implement LoRA unloading")
+
+    async def abort_kv_session(self, session_id: str) -> bool:
+        """Release the KV session ``session_id``; False when the engine does not hold it."""
+        return False
+
+    async def abort_all_kv_sessions(self) -> int:
+        """Release every KV session the engine holds (a drain past its deadline); how many."""
+        return 0
+
+    async def load(self) -> pb.LoadInfo:
+        """A point-in-time load snapshot; leave what the engine cannot measure unset."""
+        return pb.LoadInfo()
+
+    async def check_health(self) -> list[pb.HealthCheck]:
+        """The engine's own health checks (``scheduler``, ``model``, ``kv_connector``...).
+
+        The default says only that the driver is running. Raise nothing: report a failing
+        check with state NOT_READY and a message.
+        """
+        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="engine started")]
+
+    def kv_event_sources(self) -> list[pb.KvEventSource]:
+        """Engine-native KV event publishers (for example a ZMQ endpoint per DP rank)."""
+        return []
+
+    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """The engine's KV cache events as batches, per DP rank in publish order.
+
+        Called once when ``publishes_kv_events`` is set. A ``sequence_number`` of zero asks
+        the gateway to number the batch; non-zero numbers (an engine's own) are kept.
+        """
+        raise Unimplemented(f"{self.name} does not publish KV events")
+
+    def runtime_events(self) -> AsyncIterator[pb.RuntimeEvent]:
+        """Scheduler, batch, queue and transfer events; called once when advertised."""
+        raise Unimplemented(f"{self.name} does not publish runtime events")
+
+
+__all__ = ["SPI_VERSION", "Backend", "BackendSettings", "EngineFacts", "EventStream"]

@@ -1,0 +1,226 @@
+"""Generation events a driver emits, and the stream that carries them to the gateway.
+
+A driver turns one ``GenerationRequest`` into a sequence of small events. It does not build
+``GenerateResponse`` messages: the core's encoder (``contract.stream``) does, and owns every
+stream invariant (output_index on every output-scoped event, one terminal event per output,
+usage only on the final response, nothing after a terminal error). A driver that breaks the
+event protocol gets a terminal ``ERROR_CODE_INTERNAL`` instead of a malformed stream.
+
+The protocol, per request:
+
+* ``PromptTokens`` at most once, only when prompt logprobs were requested;
+* ``TokenDelta`` per output with *new* tokens and *new* text only (never cumulative);
+* ``UsageReport`` whenever counts are known, and at least once before the final event;
+* ``OutputFinished`` exactly once per output (aggregated and decode engines), or
+  ``PrefillDone`` once (prefill engines);
+* failures are raised as ``EngineFailure`` (or ``EventStream.fail``).
+
+``EventStream`` is the hand-off point: engine-loop drivers ``put`` into it directly; the core
+wraps a driver's async generator in one. It coalesces: when the client reads slower than the
+engine produces, ready tokens of one output merge into one ``TokenDelta`` (so one message),
+while an idle stream delivers each event at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import pb
+from .requests import KvSession
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One candidate token at a position, with its logprob and (when known) rank (1-based)."""
+
+    token_id: int
+    logprob: float
+    token: str = ""
+    rank: int | None = None
+
+
+@dataclass(slots=True)
+class TokenRecord:
+    """One prompt or output token: its id, text piece, logprob, rank and candidates together.
+
+    Keeping them in one record is what makes positional misalignment impossible. The first
+    prompt token has no logprob, rank or candidates.
+    """
+
+    token_id: int
+    token: str = ""
+    logprob: float | None = None
+    rank: int | None = None
+    candidates: Sequence[Candidate] = ()
+
+
+@dataclass(slots=True)
+class PromptTokens:
+    """The prompt's tokens with logprobs (from ``prompt_logprob_start`` on)."""
+
+    tokens: list[TokenRecord]
+
+
+@dataclass(slots=True)
+class TokenDelta:
+    """New tokens and new text of one output. Mutable: ``EventStream`` merges into it."""
+
+    index: int
+    tokens: list[TokenRecord]
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StopMatch:
+    """What ended an output with FINISH_REASON_STOP: exactly one field is set."""
+
+    stop_token_id: int | None = None
+    stop_text: str | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def token(cls, token_id: int) -> StopMatch:
+        """A caller-supplied stop token matched."""
+        return cls(stop_token_id=token_id)
+
+    @classmethod
+    def text(cls, text: str) -> StopMatch:
+        """A caller-supplied stop string matched."""
+        return cls(stop_text=text)
+
+    @classmethod
+    def eos(cls, token_id: int) -> StopMatch:
+        """The model's own end-of-sequence token."""
+        return cls(eos_token_id=token_id)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFinished:
+    """Output ``index`` is complete. ``stop`` is required when ``reason`` is STOP."""
+
+    index: int
+    reason: pb.FinishReason
+    stop: StopMatch | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """A prefill engine built the KV state; a decode engine may attach with ``session``."""
+
+    session: KvSession
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Cumulative token counts across every output of the request (latest report wins)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+GenerationEvent = PromptTokens | TokenDelta | OutputFinished | PrefillDone | UsageReport
+
+
+class EventStream:
+    """A per-request mailbox of generation events with adaptive coalescing.
+
+    The producer (an engine loop, or the core pumping a driver's generator) calls ``put``,
+    ``finish`` or ``fail``; all three are synchronous and never block. The consumer iterates.
+    ``put`` never grows the queue for a token of an output that already has an unconsumed
+    ``TokenDelta`` waiting: the tokens join that delta, which is how a lagging client gets
+    fewer, larger messages. The queue is bounded by the request itself (its outputs and
+    ``max_tokens``). Events must not be touched by the producer after ``put``.
+
+    ``cancel`` (core only) drops what is pending and ends the stream at once; the core then
+    finishes every open output as CANCELLED.
+    """
+
+    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled")
+
+    def __init__(self) -> None:
+        self._pending: deque[GenerationEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    @property
+    def closed(self) -> bool:
+        """True once finished, failed or cancelled; later puts are ignored."""
+        return self._closed
+
+    def put(self, event: GenerationEvent) -> None:
+        """Queue an event, merging token deltas of the same output that are still unread."""
+        if self._closed:
+            return
+        pending = self._pending
+        if pending and type(event) is TokenDelta:
+            for queued in reversed(pending):
+                if type(queued) is not TokenDelta:
+                    break
+                if queued.index == event.index:
+                    queued.tokens.extend(event.tokens)
+                    queued.text += event.text
+                    return
+        pending.append(event)
+        self._wake()
+
+    def finish(self) -> None:
+        """The producer is done; the consumer drains what is pending, then stops."""
+        self._closed = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """End with ``error`` after the pending events (an ``EngineFailure`` or a bug)."""
+        if not self._closed:
+            self._error = error
+            self._closed = True
+            self._wake()
+
+    def cancel(self) -> None:
+        """Drop pending events and end now (the request was aborted)."""
+        self.cancelled = True
+        self._pending.clear()
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        while not self._pending:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._pending.popleft()
+
+
+__all__ = [
+    "Candidate",
+    "EventStream",
+    "GenerationEvent",
+    "OutputFinished",
+    "PrefillDone",
+    "PromptTokens",
+    "StopMatch",
+    "TokenDelta",
+    "TokenRecord",
+    "UsageReport",
+]
