@@ -1,5 +1,7 @@
 """Generate the Python protobuf and gRPC modules from proto/openengine/v1.
 
+Messages and the service come from grpcio-tools; their typing stubs (``.pyi``) from
+mypy-protobuf. Both are pinned in the ``dev`` extra so the output is reproducible.
 The generated modules live in ``gateway/_generated`` (import name
 ``openengine_gateway._generated``) and import each other relatively, so the
 gateway never claims the top-level ``openengine`` package that upstream's own
@@ -26,6 +28,7 @@ PROTO_ROOT = ROOT / "proto"
 PACKAGE_DIR = PROTO_ROOT / "openengine" / "v1"
 OUTPUT = ROOT / "gateway" / "_generated"
 
+_BIN = Path(sys.executable).parent  # protoc-gen-mypy and protoc-gen-mypy_grpc (mypy-protobuf)
 _ABSOLUTE_IMPORT = re.compile(r"^from openengine\.v1 import (\w+_pb2)", re.MULTILINE)
 
 
@@ -38,9 +41,12 @@ def generate(output: Path) -> None:
             "protoc",
             f"-I{PROTO_ROOT}",
             f"-I{include}",
+            f"--plugin=protoc-gen-mypy={_BIN / 'protoc-gen-mypy'}",
+            f"--plugin=protoc-gen-mypy_grpc={_BIN / 'protoc-gen-mypy_grpc'}",
             f"--python_out={output}",
-            f"--pyi_out={output}",
             f"--grpc_python_out={output}",
+            f"--mypy_out=quiet:{output}",
+            f"--mypy_grpc_out=quiet:{output}",
             *protos,
         ]
     )
@@ -48,7 +54,7 @@ def generate(output: Path) -> None:
         raise SystemExit(f"protoc failed with exit code {code}")
     package = output / "openengine" / "v1"
     for module in package.iterdir():
-        if module.name.endswith("_pb2_grpc.py") and "Stub" not in module.read_text():
+        if module.stem.endswith("_pb2_grpc") and "Stub" not in module.read_text():
             module.unlink()  # protoc writes an empty gRPC module for every file without a service
         elif module.suffix in {".py", ".pyi"}:
             module.write_text(_ABSOLUTE_IMPORT.sub(r"from . import \1", module.read_text()))

