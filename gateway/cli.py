@@ -4,6 +4,7 @@
                        [--alias A ...] [--host H] [--port P] [--config plugins.toml]
                        [--<driver-option> VALUE ...]
     openengine-gateway backends
+    openengine-gateway conformance --target HOST:PORT [--model M] [--json FILE]
 
 Options the gateway does not know are the driver's: ``--max-running-requests 8`` becomes
 ``max_running_requests="8"`` for the driver's settings model to validate (a flag without a
@@ -185,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["backends"]:
         return list_backends()
+    if arguments[:1] == ["conformance"]:
+        from .conformance.cli import main as conformance
+
+        return conformance(arguments[1:])
     if arguments[:1] == ["serve"]:
         arguments = arguments[1:]
     args, extra = _parser().parse_known_args(arguments)

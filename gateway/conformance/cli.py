@@ -1,0 +1,67 @@
+"""``openengine-gateway conformance``: check any OpenEngine endpoint against the contract."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fnmatch
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..client import ClientError, OpenEngineClient
+from .kit import Outcome, Target, all_rules, run_rules
+from .report import to_json, to_text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openengine-gateway conformance",
+        description="Run the OpenEngine v1 contract checks against an endpoint. Exit status 1 when a rule fails.",
+    )
+    parser.add_argument("--target", required=True, help="host:port of the OpenEngine server")
+    parser.add_argument("--model", default="", help="model to check (default: the first supported model)")
+    parser.add_argument("--rule", action="append", default=[], help="only rules matching this glob (repeatable)")
+    parser.add_argument("--include-disruptive", action="store_true", help="also run checks that drain the server")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file ('-' for stdout)")
+    parser.add_argument("--token", help="bearer token, if the server requires one")
+    parser.add_argument("--ca", type=Path, help="CA certificate (PEM) for a TLS server")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per rule")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> int:
+    client = await OpenEngineClient.connect(
+        args.target,
+        token=args.token,
+        root_certificates=args.ca.read_bytes() if args.ca else None,
+        check_compatibility=False,
+    )
+    async with client:
+        target = await Target.open(client, args.model, timeout_s=args.timeout)
+        rules = all_rules(include_disruptive=args.include_disruptive)
+        if args.rule:
+            rules = [r for r in rules if any(fnmatch.fnmatch(r.id, pattern) for pattern in args.rule)]
+        results = await run_rules(target, rules)
+    if args.json is not None:
+        text = to_json(results, args.target)
+        if str(args.json) == "-":
+            print(text)
+        else:
+            args.json.write_text(text + "\n")
+    if args.json is None or str(args.json) != "-":
+        print(to_text(results, args.target))
+    return 1 if any(r.outcome is Outcome.FAILED for r in results) else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of the ``conformance`` subcommand."""
+    args = _parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except ClientError as exc:
+        print(f"openengine-gateway conformance: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["main"]

@@ -1,0 +1,36 @@
+"""Running the conformance checks in process, from pytest."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from ..client import OpenEngineClient
+from ..core.gateway import GatewayOptions
+from ..spi.backend import Backend
+from ..testing import serve_backends
+from .kit import Outcome, Result, Target
+
+
+@contextlib.asynccontextmanager
+async def in_process_target(
+    backend: Backend, *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
+) -> AsyncIterator[Target]:
+    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it."""
+    async with serve_backends([(model, backend)], options=options) as running:
+        client = await OpenEngineClient.connect(running.address)
+        async with client:
+            yield await Target.open(client, model, timeout_s=timeout_s)
+
+
+def assert_conforms(result: Result) -> None:
+    """Fail the test on a failed rule; skip it when the rule does not apply."""
+    import pytest  # only where pytest runs: the kit itself does not depend on it
+
+    if result.outcome is Outcome.NOT_APPLICABLE:
+        pytest.skip(result.message)
+    if result.outcome is Outcome.FAILED:
+        pytest.fail(f"{result.rule.id}: {result.message}\n  rule: {result.rule.text}", pytrace=False)
+
+
+__all__ = ["assert_conforms", "in_process_target"]
