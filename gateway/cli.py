@@ -42,7 +42,7 @@ def parse_driver_flags(tokens: Sequence[str]) -> dict[str, Any]:
     position = 0
     while position < len(tokens):
         token = tokens[position]
-        if not token.startswith("--") or token == "--":
+        if not token.startswith("--") or token == "--" or token.startswith("--="):
             raise ConfigError(f"unexpected argument {token!r}; driver options look like --name value")
         key, has_value, value = token[2:].partition("=")
         parsed: Any = value if has_value else True

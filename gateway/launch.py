@@ -43,18 +43,20 @@ def plan_engines(sections: Sequence[EngineSection], config: Config) -> list[_Pla
 async def start_engines(sections: Sequence[EngineSection], config: Config) -> EngineSet:
     """Start every configured engine; on any failure stop the ones already started."""
     started: list[Engine] = []
+    running: list[_Planned] = []  # started backends, including one whose facts are then refused
     try:
         for plan in plan_engines(sections, config):
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
             facts = await plan.backend.start()
+            running.append(plan)
             started.append(Engine(plan.served_name, tuple(plan.section.aliases), plan.backend, facts))
         return EngineSet(started)
     except BaseException:
-        for engine in reversed(started):
+        for plan in reversed(running):
             try:
-                await engine.backend.stop()
+                await plan.backend.stop()
             except Exception:  # broad on purpose: the original failure is what the user needs
-                log.exception("stopping %s after a failed start also failed", engine.served_name)
+                log.exception("stopping %s after a failed start also failed", plan.served_name)
         raise
 
 

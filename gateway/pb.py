@@ -19,6 +19,7 @@ from ._generated.openengine.v1.lifecycle_pb2 import *  # noqa: F403
 from ._generated.openengine.v1.lora_pb2 import *  # noqa: F403
 from ._generated.openengine.v1.model_pb2 import *  # noqa: F403
 from ._generated.openengine.v1.observability_pb2 import *  # noqa: F403
+from ._generated.openengine.v1.openengine_pb2 import DESCRIPTOR as _SERVICE_FILE
 from ._generated.openengine.v1.openengine_pb2_grpc import OpenEngineServicer as OpenEngineServicer
 from ._generated.openengine.v1.openengine_pb2_grpc import OpenEngineStub as OpenEngineStub
 from ._generated.openengine.v1.openengine_pb2_grpc import (
@@ -29,6 +30,10 @@ from ._generated.openengine.v1.tasks_pb2 import *  # noqa: F403
 
 SERVICE_NAME = "openengine.v1.OpenEngine"
 """Fully qualified gRPC service name, as clients and reflection see it."""
+
+SERVICE_DESCRIPTOR = _SERVICE_FILE.services_by_name["OpenEngine"]
+"""The service's descriptor. Importing its file (openengine.proto) registers the service in the
+default descriptor pool, which server reflection needs to describe it."""
 
 SCHEMA_REVISION = 1
 """The contract revision this gateway implements (EngineInfo.schema_revision)."""

@@ -51,16 +51,19 @@ async def serve_backends(
 ) -> AsyncIterator[RunningGateway]:
     """Start ``(served_name, backend[, aliases])`` engines and serve them on a free port."""
     engines: list[Engine] = []
+    started: list[Backend] = []  # including one whose facts are then refused
     try:
         for entry in backends:
             name, backend = entry[0], entry[1]
             aliases = tuple(entry[2]) if len(entry) > 2 else ()  # type: ignore[misc]
-            engines.append(Engine(name, aliases, backend, await backend.start()))
+            facts = await backend.start()
+            started.append(backend)
+            engines.append(Engine(name, aliases, backend, facts))
         server = GatewayServer(Gateway(EngineSet(engines), options), ServerOptions(host=host, port=0))
         await server.start()
     except BaseException:
-        for engine in engines:
-            await engine.backend.stop()
+        for backend in started:
+            await backend.stop()
         raise
     channel = grpc.aio.insecure_channel(server.address)
     try:

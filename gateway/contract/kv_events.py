@@ -208,10 +208,14 @@ def _store(stored: OrderedDict[_BlockKey, pb.KvEvent], event: pb.KvEvent) -> Non
         else:
             block.ClearField("parent_block_hash")
         if len(hashes) > 1:
-            # A block's own tokens, when the batch lets them be attributed to it.
+            # A block's own tokens and extra keys (one entry per block), when the batch lets
+            # them be attributed to it.
             del block.token_ids[:]
             if per_block:
                 block.token_ids.extend(tokens[position * per_block : (position + 1) * per_block])
+            del block.extra_keys[:]
+            if len(source.extra_keys) == len(hashes):
+                block.extra_keys.add().CopyFrom(source.extra_keys[position])
         key = (source.medium, source.group_idx, block_hash.value)
         stored.pop(key, None)
         stored[key] = single

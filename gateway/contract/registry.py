@@ -60,14 +60,19 @@ class RequestRegistry:
         self._finished.pop(request.request_id, None)
         self._notify()
 
-    def release(self, request: ActiveRequest) -> None:
-        """The request ended (any way); remember its id as finished."""
+    def release(self, request: ActiveRequest, *, finished: bool = True) -> None:
+        """The request ended (any way); remember its id as finished.
+
+        ``finished=False`` withdraws a request rejected before acceptance: its id is forgotten,
+        so ``Abort`` answers NOT_FOUND rather than ALREADY_FINISHED.
+        """
         if self._active.get(request.request_id) is not request:
             return
         del self._active[request.request_id]
-        self._finished[request.request_id] = None
-        if len(self._finished) > self._finished_window:
-            self._finished.popitem(last=False)
+        if finished:
+            self._finished[request.request_id] = None
+            if len(self._finished) > self._finished_window:
+                self._finished.popitem(last=False)
         self._notify()
 
     def get(self, request_id: str) -> ActiveRequest | None:

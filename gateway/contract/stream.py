@@ -178,8 +178,11 @@ class GenerateEncoder:
         """Terminal events for a request aborted after acceptance.
 
         Every open output finishes as CANCELLED; a prefill (which has no outputs) ends with a
-        non-retryable ``ERROR_CODE_CANCELLED`` error.
+        non-retryable ``ERROR_CODE_CANCELLED`` error. After the terminal response there is
+        nothing left to end: no event may follow it.
         """
+        if self.done:
+            return []
         if self._prefill:
             return [self.error(EngineFailure(pb.ERROR_CODE_CANCELLED, message))]
         return [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -38,21 +39,26 @@ class EventService:
                 ranks.update(range(start, start + parallelism.data_parallel_size))
         self.kv = KvEventHub(ranks, replay_batches=kv_replay_batches, subscriber_queue=subscriber_queue)
         self.runtime = RuntimeEventHub(subscriber_queue=subscriber_queue)
+        self._pumps: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         """Start pumping every engine's published events into the hubs."""
         for engine in self._engines:
             if engine.facts.publishes_kv_events:
-                self._background.spawn(
-                    self._pump(engine.backend.kv_events(), self.kv.publish, "KV events", self.kv.close),
-                    f"{engine.served_name} KV events",
+                self._pumps.append(
+                    self._background.spawn(
+                        self._pump(engine.backend.kv_events(), self.kv.publish, "KV events", self.kv.close),
+                        f"{engine.served_name} KV events",
+                    )
                 )
             if engine.facts.publishes_runtime_events:
-                self._background.spawn(
-                    self._pump(
-                        engine.backend.runtime_events(), self.runtime.publish, "runtime events", self.runtime.close
-                    ),
-                    f"{engine.served_name} runtime events",
+                self._pumps.append(
+                    self._background.spawn(
+                        self._pump(
+                            engine.backend.runtime_events(), self.runtime.publish, "runtime events", self.runtime.close
+                        ),
+                        f"{engine.served_name} runtime events",
+                    )
                 )
 
     @staticmethod
@@ -95,7 +101,13 @@ class EventService:
             self.runtime.unsubscribe(queue)
 
     def close(self, reason: str) -> None:
-        """End every subscription with a retryable error (shutdown)."""
+        """End every subscription with a retryable error and stop the pumps (shutdown).
+
+        A pump only ends when its engine's source does, which a running engine's never does;
+        cancelling here keeps shutdown from waiting out its background grace period on them.
+        """
+        for pump in self._pumps:
+            pump.cancel()
         failure = EngineFailure(pb.ERROR_CODE_DRAINING, reason, retryable=True, retry_after_ms=1000)
         self.kv.close(failure)
         self.runtime.close(failure)

@@ -88,12 +88,16 @@ class GenerationService:
                 prompt_logprobs=parsed.prompt_logprobs is not None,
             )
         except BaseException:
-            self._registry.release(active)
+            self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
         try:
+            failed = False
             async for message in _encode(events, encoder, active):
+                failed = message.HasField("error")
                 yield message
-            finished = encoder.done and not active.aborted
+            # Only a successful stream leaves nothing running: after an error (the driver's, or a
+            # contract violation while the driver still runs) the driver is told to abort too.
+            finished = encoder.done and not active.aborted and not failed
         finally:
             self._registry.release(active)
             if pump is not None:

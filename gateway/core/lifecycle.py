@@ -181,36 +181,40 @@ class LifecycleService:
         deadline = loop.time() + request.deadline_ms / 1000 if request.HasField("deadline_ms") else None
         counts = await self._counts()
         yield _drain_response(pb.DRAIN_STATE_STARTED, counts, "drain started")
-        aborted = False
-        while True:
-            in_flight, sessions = counts
-            if in_flight == 0 and not sessions:
-                yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
-                return
-            now = loop.time()
-            if deadline is not None and now >= deadline and not aborted:
-                if not request.abort_after_deadline:
-                    failure = EngineFailure(
-                        pb.ERROR_CODE_DRAINING,
-                        f"drain deadline passed with {in_flight} requests and {sessions or 0} KV sessions open",
-                        retryable=True,
-                        retry_after_ms=0,
-                        details={"in_flight_requests": in_flight, "open_kv_sessions": sessions or 0},
-                    )
-                    yield pb.DrainResponse(error=failure.to_proto())
+        try:
+            aborted = False
+            while True:
+                in_flight, sessions = counts
+                if in_flight == 0 and not sessions:
+                    yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
                     return
-                self._abort_all("aborted by Drain after its deadline")
-                for engine in self._engines:
-                    await engine.backend.abort_all_kv_sessions()
-                aborted = True
-            wait = self._progress_interval
-            if deadline is not None and not aborted:
-                wait = min(wait, max(deadline - now, 0.0))
-            await self._registry.wait_changed(wait)
-            latest = await self._counts()
-            if latest != counts and latest[0] + (latest[1] or 0) > 0:
-                yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, latest, "draining")
-            counts = latest
+                now = loop.time()
+                if deadline is not None and now >= deadline and not aborted:
+                    if not request.abort_after_deadline:
+                        failure = EngineFailure(
+                            pb.ERROR_CODE_DRAINING,
+                            f"drain deadline passed with {in_flight} requests and {sessions or 0} KV sessions open",
+                            retryable=True,
+                            retry_after_ms=0,
+                            details={"in_flight_requests": in_flight, "open_kv_sessions": sessions or 0},
+                        )
+                        yield pb.DrainResponse(error=failure.to_proto())
+                        return
+                    self._abort_all("aborted by Drain after its deadline")
+                    for engine in self._engines:
+                        await engine.backend.abort_all_kv_sessions()
+                    aborted = True
+                wait = self._progress_interval
+                if deadline is not None and not aborted:
+                    wait = min(wait, max(deadline - now, 0.0))
+                await self._registry.wait_changed(wait)
+                latest = await self._counts()
+                if latest != counts and latest[0] + (latest[1] or 0) > 0:
+                    yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, latest, "draining")
+                counts = latest
+        except Exception as exc:  # broad on purpose: after STARTED, a failure is one terminal EngineError
+            log.exception("drain failed after it started")
+            yield pb.DrainResponse(error=as_failure(exc).to_proto())
 
     async def _counts(self) -> tuple[int, int | None]:
         """In-flight requests, and open KV sessions (None when no engine reports them)."""

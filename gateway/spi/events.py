@@ -184,9 +184,10 @@ class EventStream:
             self._wake()
 
     def cancel(self) -> None:
-        """Drop pending events and end now (the request was aborted)."""
+        """Drop pending events and end now (the request was aborted), even after ``fail``."""
         self.cancelled = True
         self._pending.clear()
+        self._error = None
         self._closed = True
         self._wake()
 

@@ -92,15 +92,19 @@ class StopTextMatcher:
         if not self._stops:
             return new_text
         buffer = self._buffer + new_text
-        hit_at, hit = -1, ""
+        # The stop string that completes first wins (on a tie, the longer one), as if the
+        # text had arrived one character at a time: the result never depends on chunking.
+        hit_end, hit = -1, ""
         for stop in self._stops:
             at = buffer.find(stop)
-            if at != -1 and (hit_at == -1 or at < hit_at):
-                hit_at, hit = at, stop
-        if hit_at != -1:
+            if at == -1:
+                continue
+            end = at + len(stop)
+            if hit_end == -1 or end < hit_end or (end == hit_end and len(stop) > len(hit)):
+                hit_end, hit = end, stop
+        if hit_end != -1:
             self._buffer = ""
-            end = hit_at + len(hit) if self._include else hit_at
-            return StopTextHit(buffer[:end], hit)
+            return StopTextHit(buffer[: hit_end if self._include else hit_end - len(hit)], hit)
         keep = self._held_suffix(buffer)
         self._buffer = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

@@ -1,0 +1,139 @@
+"""``cli``: driver flags, engine sections from the command line, and the entry point's exits."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openengine_gateway import cli
+from openengine_gateway.config import Config, ConfigError, EngineSection
+from openengine_gateway.plugins import InstalledBackend, PluginError
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        ([], {}),
+        (["--max-running-requests", "8"], {"max_running_requests": "8"}),
+        (["--dtype=bfloat16"], {"dtype": "bfloat16"}),
+        (["--enforce-eager"], {"enforce_eager": True}),
+        (["--enforce-eager", "--seed", "3"], {"enforce_eager": True, "seed": "3"}),
+        (["--temperature", "-1"], {"temperature": "-1"}),
+        (["--suffix="], {"suffix": ""}),
+        (["--expr=a=b"], {"expr": "a=b"}),
+        (["--device", "0", "--device", "1"], {"device": ["0", "1"]}),
+        (["--device=0", "--device", "1", "--device"], {"device": ["0", "1", True]}),
+    ],
+)
+def test_parse_driver_flags(tokens: list[str], expected: dict[str, Any]) -> None:
+    assert cli.parse_driver_flags(tokens) == expected
+
+
+@pytest.mark.parametrize("tokens", [["model"], ["--seed", "3", "extra"], ["--"], ["-x", "1"], ["--=3"]])
+def test_parse_driver_flags_rejects_stray_arguments(tokens: list[str]) -> None:
+    with pytest.raises(ConfigError, match="driver options look like --name value"):
+        cli.parse_driver_flags(tokens)
+
+
+def args(*argv: str) -> tuple[argparse.Namespace, list[str]]:
+    return cli._parser().parse_known_args(list(argv))
+
+
+def test_engine_from_the_command_line() -> None:
+    namespace, extra = args(
+        "--backend",
+        "mock",
+        "--model",
+        "m1",
+        "--served-model-name",
+        "chat",
+        "--alias",
+        "a",
+        "--alias",
+        "b",
+        "--seed",
+        "7",
+    )
+    (section,) = cli._engine_sections(namespace, extra, Config(engines=[EngineSection(backend="ignored")]))
+    assert section == EngineSection(
+        backend="mock", served_model_name="chat", aliases=["a", "b"], options={"seed": "7", "model": "m1"}
+    )
+
+
+def test_engines_from_the_config_without_backend() -> None:
+    config = Config(engines=[EngineSection(backend="mock"), EngineSection(backend="vllm")])
+    namespace, extra = args()
+    assert cli._engine_sections(namespace, extra, config) == config.engines
+
+
+@pytest.mark.parametrize("argv", [["--model", "m"], ["--alias", "a"], ["--served-model-name", "n"], ["--seed", "1"]])
+def test_engine_options_need_a_backend(argv: list[str]) -> None:
+    namespace, extra = args(*argv)
+    with pytest.raises(ConfigError, match="need --backend"):
+        cli._engine_sections(namespace, extra, Config())
+
+
+def test_config_path_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPENENGINE_GATEWAY_CONFIG", raising=False)
+    assert cli._config_path(None) is None
+    (tmp_path / "plugins.toml").write_text("")
+    assert cli._config_path(None) == Path("plugins.toml")
+    monkeypatch.setenv("OPENENGINE_GATEWAY_CONFIG", "/etc/oe.toml")
+    assert cli._config_path(None) == Path("/etc/oe.toml")
+    assert cli._config_path(Path("x.toml")) == Path("x.toml")
+
+
+@pytest.mark.parametrize(("host", "routable"), [("127.0.0.1", "127.0.0.1"), ("node-1", "node-1")])
+def test_routable_keeps_a_concrete_host(host: str, routable: str) -> None:
+    assert cli._routable(host) == routable
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::", "[::]"])
+def test_routable_replaces_a_wildcard(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "getfqdn", lambda *_: "node-1.example")  # no name lookup in unit tests
+    assert cli._routable(host) == "node-1.example"
+
+
+def test_backends_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(
+        cli,
+        "installed_backends",
+        lambda: [
+            InstalledBackend("mock", "pkg.mock:Mock", "openengine-gateway", "0.1.0"),
+            InstalledBackend("vllm", "x:Y", "third", "2"),
+        ],
+    )
+    assert cli.main(["backends"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["mock  openengine-gateway 0.1.0  (pkg.mock:Mock)", "vllm  third 2  (x:Y)"]
+    monkeypatch.setattr(cli, "installed_backends", list)
+    assert cli.main(["backends"]) == 1
+    assert "no backends installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("error", [ConfigError("bad key"), PluginError("no such backend"), OSError("port in use")])
+def test_startup_errors_exit_2_with_the_message(
+    error: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def failing_run(coroutine: Coroutine[Any, Any, int]) -> int:
+        coroutine.close()
+        raise error
+
+    real_serve = cli.serve
+
+    def serve(namespace: argparse.Namespace, extra: list[str]) -> Coroutine[Any, Any, int]:
+        seen.append(namespace)
+        return real_serve(namespace, extra)
+
+    monkeypatch.setattr(cli, "_run", failing_run)
+    monkeypatch.setattr(cli, "serve", serve)
+    assert cli.main(["serve", "--backend", "mock", "--port", "0"]) == 2
+    assert capsys.readouterr().err == f"openengine-gateway: error: {error}\n"
+    assert seen[0].backend == "mock" and seen[0].port == 0  # "serve" is optional and stripped

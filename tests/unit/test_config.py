@@ -1,0 +1,134 @@
+"""``config``: plugins.toml is validated strictly, and every error names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from openengine_gateway.config import Config, ConfigError, engine_settings, load_config
+from openengine_gateway.spi import BackendSettings
+from pydantic import Field
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plugins.toml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_means_defaults() -> None:
+    config = load_config(None)
+    assert config == Config()
+    assert config.plugins.allow is None
+    assert (config.gateway.host, config.gateway.port) == ("127.0.0.1", 50051)
+    assert config.engines == [] and config.backends == {}
+
+
+def test_a_full_file(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            """
+            [plugins]
+            allow = ["mock", "vllm"]
+
+            [gateway]
+            host = "0.0.0.0"
+            port = 0
+            advertise_host = "node-1"
+            max_in_flight = 8
+            drain_timeout_s = 0
+            lora_roots = ["/adapters"]
+
+            [backends.vllm]
+            enforce_eager = true
+
+            [[engines]]
+            backend = "mock"
+            served_model_name = "mock"
+            aliases = ["default"]
+            options = { model = "mock-model", seed = 3 }
+
+            [[engines]]
+            backend = "vllm"
+            """,
+        )
+    )
+    assert config.plugins.allow == ["mock", "vllm"]
+    assert (config.gateway.host, config.gateway.port, config.gateway.advertise_host) == ("0.0.0.0", 0, "node-1")
+    assert config.gateway.max_in_flight == 8 and config.gateway.drain_timeout_s == 0
+    assert config.gateway.lora_roots == ["/adapters"]
+    assert config.backends == {"vllm": {"enforce_eager": True}}
+    assert [(e.backend, e.served_model_name, e.aliases, e.options) for e in config.engines] == [
+        ("mock", "mock", ["default"], {"model": "mock-model", "seed": 3}),
+        ("vllm", "", [], {}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[gateway]\nbogus = 1", "gateway.bogus"),
+        ("[gateway]\nport = 'x'", "gateway.port"),
+        ("[gateway]\nport = 70000", "gateway.port"),
+        ("[gateway]\nmax_in_flight = 0", "gateway.max_in_flight"),
+        ("[gateway]\nsubscriber_queue = 0", "gateway.subscriber_queue"),
+        ("[gateway]\nkv_replay_batches = 0", "gateway.kv_replay_batches"),
+        ("[gateway]\nprobe_timeout_s = 0", "gateway.probe_timeout_s"),
+        ("[gateway]\ndrain_timeout_s = -1", "gateway.drain_timeout_s"),
+        ("[plugins]\nallow = 'mock'", "plugins.allow"),
+        ("[plugins]\ndeny = []", "plugins.deny"),
+        ("[[engines]]\nserved_model_name = 'x'", "engines.0.backend"),
+        ("[[engines]]\nbackend = 'mock'\n[[engines]]\nbackend = 'mock'\nalias = ['a']", "engines.1.alias"),
+        ("[backends]\nvllm = 3", "backends.vllm"),
+        ("[server]\nport = 1", "server"),
+    ],
+)
+def test_errors_name_the_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = raised.value.args[0]
+    assert message.startswith(f"{path}: invalid configuration")
+    assert f"\n  {key}: " in message
+
+
+def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, "[gateway]\nport = 'x'\nhost = 1"))
+    assert "gateway.port" in raised.value.args[0] and "gateway.host" in raised.value.args[0]
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[gateway\nport = 1"))
+
+
+class Settings(BackendSettings):
+    max_running_requests: int = Field(default=4, gt=0)
+    enforce_eager: bool = False
+
+
+def test_engine_settings_validate_with_the_driver_model() -> None:
+    settings = engine_settings(Settings, {"model": "m", "max_running_requests": "8", "enforce_eager": "true"}, "src")
+    assert isinstance(settings, Settings)
+    assert (settings.model, settings.max_running_requests, settings.enforce_eager) == ("m", 8, True)
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"max_running_requests": "many"}, "max_running_requests"),
+        ({"max_running_requests": 0}, "max_running_requests"),
+        ({"enforce_eager": "perhaps"}, "enforce_eager"),
+    ],
+)
+def test_engine_settings_errors_name_the_key(options: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        engine_settings(Settings, options, "engines[0] (fake) options")
+    message = raised.value.args[0]
+    assert message.startswith("engines[0] (fake) options: invalid configuration")
+    assert f"\n  {key}: " in message

@@ -1,0 +1,93 @@
+"""``core.events.EventService``: engine event pumps feeding the KV and runtime hubs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from openengine_gateway import pb
+from openengine_gateway.core.background import BackgroundTasks
+from openengine_gateway.core.events import EventService
+from openengine_gateway.errors import InvalidArgument, Unimplemented
+
+from tests.fakes import FakeBackend, engine_set
+
+
+async def take(stream: AsyncIterator[Any], count: int) -> list[Any]:
+    return [await asyncio.wait_for(anext(stream), 1) for _ in range(count)]
+
+
+async def test_ranks_come_from_parallelism() -> None:
+    backend = FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2, data_parallel_start_rank=4))
+    events = EventService(engine_set(backend), BackgroundTasks())
+    assert events.kv.ranks == [0, 4, 5]
+
+
+async def test_subscriptions_need_a_publishing_engine() -> None:
+    events = EventService(engine_set(FakeBackend()), BackgroundTasks())
+    with pytest.raises(Unimplemented, match="KV events"):
+        await anext(events.subscribe_kv(pb.SubscribeKvEventsRequest()))
+    with pytest.raises(Unimplemented, match="runtime events"):
+        await anext(events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest()))
+
+
+async def test_kv_events_flow_from_the_engine_to_subscribers() -> None:
+    backend = FakeBackend(publishes_kv_events=True)
+    background = BackgroundTasks()
+    events = EventService(engine_set(backend), background)
+    events.start()
+    stream = events.subscribe_kv(pb.SubscribeKvEventsRequest())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    assert events.kv.subscriber_count == 1
+    backend.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=0))
+    backend.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=0))
+    first = await asyncio.wait_for(waiter, 1)
+    (second,) = await take(stream, 1)
+    assert [first.batch.sequence_number, second.batch.sequence_number] == [1, 2]
+    await stream.aclose()
+    assert events.kv.subscriber_count == 0  # a client that leaves is forgotten
+    with pytest.raises(InvalidArgument):
+        await anext(events.subscribe_kv(pb.SubscribeKvEventsRequest(data_parallel_ranks=[7])))
+    background.cancel_all()
+
+
+async def test_a_dead_source_ends_subscribers_with_a_retryable_error() -> None:
+    backend = FakeBackend(publishes_kv_events=True, publishes_runtime_events=True)
+    background = BackgroundTasks()
+    events = EventService(engine_set(backend), background)
+    events.start()
+    kv = events.subscribe_kv(pb.SubscribeKvEventsRequest())
+    runtime = events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest())
+    kv_waiter, runtime_waiter = asyncio.ensure_future(anext(kv)), asyncio.ensure_future(anext(runtime))
+    await asyncio.sleep(0)
+    backend.runtime_queue.put_nowait(pb.RuntimeEvent(type=pb.RUNTIME_EVENT_TYPE_BATCH))
+    backend.kv_queue.put_nowait(RuntimeError("publisher socket closed"))
+    backend.runtime_queue.put_nowait(RuntimeError("scheduler gone"))
+    kv_error = await asyncio.wait_for(kv_waiter, 1)
+    assert kv_error.error.code == pb.ERROR_CODE_INTERNAL and kv_error.error.retryable
+    assert "publisher socket closed" in kv_error.error.message
+    assert (await asyncio.wait_for(runtime_waiter, 1)).runtime_event.type == pb.RUNTIME_EVENT_TYPE_BATCH
+    (runtime_error,) = await take(runtime, 1)
+    assert "scheduler gone" in runtime_error.error.message
+    for stream in (kv, runtime):
+        with pytest.raises(StopAsyncIteration):  # nothing follows the error; the stream ends (OK)
+            await asyncio.wait_for(anext(stream), 1)
+    await background.wait(1)
+
+
+async def test_close_ends_subscriptions_as_draining() -> None:
+    backend = FakeBackend(publishes_runtime_events=True)
+    background = BackgroundTasks()
+    events = EventService(engine_set(backend), background)
+    events.start()
+    stream = events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest(types=[pb.RUNTIME_EVENT_TYPE_QUEUE]))
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    events.close("the gateway is shutting down")
+    final = await asyncio.wait_for(waiter, 1)
+    assert final.error.code == pb.ERROR_CODE_DRAINING and final.error.retryable
+    assert final.error.retry_after_ms == 1000
+    background.cancel_all()

@@ -1,0 +1,56 @@
+"""Every public module keeps ``__all__`` honest: each name exists, and no public name is missing."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+MODULES = [
+    "openengine_gateway.config",
+    "openengine_gateway.engines",
+    "openengine_gateway.errors",
+    "openengine_gateway.launch",
+    "openengine_gateway.plugins",
+    "openengine_gateway.spi",
+    "openengine_gateway.spi.backend",
+    "openengine_gateway.spi.events",
+    "openengine_gateway.spi.requests",
+    "openengine_gateway.spi.streaming",
+    "openengine_gateway.contract.capabilities",
+    "openengine_gateway.contract.fanout",
+    "openengine_gateway.contract.generation",
+    "openengine_gateway.contract.kv_events",
+    "openengine_gateway.contract.lora",
+    "openengine_gateway.contract.registry",
+    "openengine_gateway.contract.runtime_events",
+    "openengine_gateway.contract.stream",
+    "openengine_gateway.contract.tasks",
+    "openengine_gateway.testing",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_names_exist_and_public_definitions_are_listed(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert len(exported) == len(module.__all__), "duplicates in __all__"
+    for member in exported:
+        assert hasattr(module, member), f"{name}.__all__ lists missing {member!r}"
+    defined_here = {
+        member
+        for member, value in vars(module).items()
+        if not member.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and getattr(value, "__module__", None) == name
+    }
+    assert defined_here <= exported, f"{name} does not export {sorted(defined_here - exported)}"
+
+
+def test_spi_exports_what_a_driver_needs() -> None:
+    """The SPI package re-exports every public name of its modules (a plugin imports only it)."""
+    spi = importlib.import_module("openengine_gateway.spi")
+    for part in ("backend", "events", "requests", "streaming"):
+        module = importlib.import_module(f"openengine_gateway.spi.{part}")
+        assert set(module.__all__) <= set(spi.__all__), part

@@ -1,0 +1,315 @@
+"""``core.generation.GenerationService``: admission, the event stream and cleanup, for any driver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from openengine_gateway import pb
+from openengine_gateway.core.generation import GenerationService, pump_events
+from openengine_gateway.errors import (
+    AlreadyExists,
+    EngineFailure,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from openengine_gateway.spi import (
+    GenerationEvent,
+    GenerationRequest,
+    LoraAdapter,
+    OutputFinished,
+    StopMatch,
+    TokenDelta,
+    TokenRecord,
+    UsageReport,
+)
+
+from tests.fakes import CoreParts, FakeBackend, collect, engine_set, ready, scripted
+
+LENGTH = pb.FINISH_REASON_LENGTH
+
+
+def service(parts: CoreParts, *backends: FakeBackend | tuple[FakeBackend, str]) -> GenerationService:
+    return GenerationService(engine_set(*backends), parts.registry, parts.state, parts.loras, parts.background)
+
+
+def request(request_id: str = "r1", **fields: object) -> pb.GenerateRequest:
+    fields.setdefault("prompt", "hi")
+    return pb.GenerateRequest(request_id=request_id, **fields)  # type: ignore[arg-type]
+
+
+def delta(index: int, *ids: int) -> TokenDelta:
+    return TokenDelta(index, [TokenRecord(i) for i in ids], "x" * len(ids))
+
+
+def events(messages: list[pb.GenerateResponse]) -> list[str]:
+    return [m.WhichOneof("event") or "" for m in messages]
+
+
+async def test_a_stream_from_an_event_stream_driver() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    generation = service(parts, backend)
+    stream = generation.generate(request(metadata={"k": "v"}))
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    assert "r1" in backend.streams and parts.registry.get("r1") is not None
+    assert backend.requests[0].metadata == {"k": "v"}
+    feed = backend.streams["r1"]
+    feed.put(delta(0, 1))
+    first = await asyncio.wait_for(waiter, 1)
+    assert first.token.output_index == 0 and not first.HasField("usage")
+    feed.put(UsageReport(2, 1))
+    feed.put(OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.eos(2)))
+    rest = await collect(stream)
+    assert events(rest) == ["finished"]
+    assert rest[0].usage.total_tokens == 3
+    assert parts.registry.get("r1") is None and parts.registry.recently_finished("r1")
+    await parts.background.wait(1)
+    assert backend.aborted == []  # a finished request is not aborted
+
+
+async def test_a_stream_from_an_async_generator_driver() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(
+        delta(0, 1), delta(1, 2), UsageReport(1, 2), OutputFinished(1, LENGTH), OutputFinished(0, LENGTH)
+    )
+    messages = await collect(service(parts, backend).generate(request(sampling=pb.SamplingParams(num_sequences=2))))
+    assert events(messages) == ["token", "token", "finished", "finished"]
+    assert [m.HasField("usage") for m in messages] == [False, False, False, True]
+    assert all(m.request_id == "r1" for m in messages)
+    await parts.background.wait(1)
+    assert backend.aborted == [] and len(parts.registry) == 0
+
+
+async def test_missing_request_id_is_generated_and_echoed() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(UsageReport(1, 0), OutputFinished(0, LENGTH))
+    (message,) = await collect(service(parts, backend).generate(pb.GenerateRequest(prompt="x")))
+    assert message.request_id.startswith("gw-") and message.request_id == backend.requests[0].request_id
+
+
+# -- before acceptance ----------------------------------------------------------------------------
+
+
+async def test_pre_acceptance_rejections_are_raised_before_any_message() -> None:
+    parts = CoreParts()
+    backend = FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2))
+    generation = service(parts, backend)
+    cases: list[tuple[pb.GenerateRequest, type[Exception]]] = [
+        (request(model="other"), NotFound),
+        (pb.GenerateRequest(request_id="r"), InvalidArgument),
+        (request(kv=pb.KvOptions(data_parallel_rank=2)), InvalidArgument),
+    ]
+    for message, kind in cases:
+        with pytest.raises(kind):
+            await anext(generation.generate(message))
+    assert backend.requests == [] and len(parts.registry) == 0
+    backend.on_generate = scripted(UsageReport(1, 0), OutputFinished(0, LENGTH))
+    await collect(generation.generate(request(kv=pb.KvOptions(data_parallel_rank=1))))
+    assert backend.requests[0].data_parallel_rank == 1
+
+
+async def test_not_accepting_while_starting_or_draining() -> None:
+    parts = CoreParts()
+    generation = service(parts, FakeBackend())
+    parts.state.started = False
+    with pytest.raises(Unavailable, match="starting") as raised:
+        await anext(generation.generate(request()))
+    assert raised.value.retry_after_ms
+    parts.state.started, parts.state.draining = True, True
+    with pytest.raises(Unavailable, match="draining"):
+        await anext(generation.generate(request()))
+
+
+async def test_unknown_lora_is_not_found() -> None:
+    parts = CoreParts()
+    generation = service(parts, FakeBackend(model=pb.ModelInfo(supports_lora=True)))
+    with pytest.raises(NotFound, match="no LoRA adapter named 'a'"):
+        await anext(generation.generate(request(lora_name="a")))
+    parts.loras.add(LoraAdapter(1, "a", "/x"))
+    backend = FakeBackend(model=pb.ModelInfo(supports_lora=True))
+    backend.on_generate = scripted(UsageReport(1, 0), OutputFinished(0, LENGTH))
+    assert events(await collect(service(parts, backend).generate(request(lora_name="a")))) == ["finished"]
+    assert backend.requests[0].lora_name == "a"
+
+
+async def test_driver_rejection_is_a_status_and_frees_the_id() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+
+    def reject(_request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        raise InvalidArgument("this engine cannot do that")
+
+    backend.on_generate = reject
+    with pytest.raises(InvalidArgument, match="cannot do that"):
+        await anext(service(parts, backend).generate(request()))
+    assert len(parts.registry) == 0 and not parts.registry.recently_finished("r1")
+
+
+async def test_duplicate_in_flight_id_and_admission_limit() -> None:
+    parts = CoreParts(max_in_flight=1)
+    generation = service(parts, FakeBackend())
+    first = generation.generate(request("a"))
+    waiter = asyncio.ensure_future(anext(first))
+    await asyncio.sleep(0)
+    with pytest.raises(AlreadyExists):
+        await anext(generation.generate(request("a")))
+    with pytest.raises(ResourceExhausted):
+        await anext(generation.generate(request("b")))
+    assert parts.registry.get("a") is not None  # the rejected duplicate did not free the original
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    await first.aclose()
+
+
+# -- after acceptance -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "retryable"),
+    [
+        (
+            EngineFailure(pb.ERROR_CODE_KV_TRANSFER_FAILED, "lost", retryable=True, retry_after_ms=3),
+            pb.ERROR_CODE_KV_TRANSFER_FAILED,
+            True,
+        ),
+        (RuntimeError("bug"), pb.ERROR_CODE_INTERNAL, False),
+        (ResourceExhausted("full"), pb.ERROR_CODE_OVERLOADED, True),
+    ],
+)
+async def test_failure_after_acceptance_is_one_terminal_error(error: Exception, code: int, retryable: bool) -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(delta(0, 1), error=error)
+    messages = await collect(service(parts, backend).generate(request()))
+    assert events(messages) == ["token", "error"]
+    assert messages[-1].error.code == code and messages[-1].error.retryable is retryable
+    assert messages[-1].HasField("usage") and messages[-1].usage.completion_tokens == 1
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+    assert backend.aborted == ["r1"] and len(parts.registry) == 0
+
+
+async def test_contract_violation_becomes_internal_error() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(delta(3, 1))
+    messages = await collect(service(parts, backend).generate(request()))
+    assert events(messages) == ["error"]
+    assert messages[0].error.code == pb.ERROR_CODE_INTERNAL and "output_index 3" in messages[0].error.message
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+
+
+async def test_stream_that_ends_early_is_an_internal_error() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(UsageReport(1, 1), OutputFinished(1, LENGTH))
+    messages = await collect(service(parts, backend).generate(request(sampling=pb.SamplingParams(num_sequences=3))))
+    assert events(messages) == ["finished", "error"]
+    assert "before finishing outputs [0, 2]" in messages[-1].error.message
+
+
+async def test_abort_finishes_open_outputs_as_cancelled() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    stream = service(parts, backend).generate(request(sampling=pb.SamplingParams(num_sequences=2)))
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(delta(1, 5))
+    backend.streams["r1"].put(OutputFinished(1, LENGTH))
+    await asyncio.wait_for(waiter, 1)
+    await ready(stream, 1)  # the finish of output 1 (no usage yet: output 0 is open)
+    parts.registry.get("r1").abort("aborted by Abort")  # type: ignore[union-attr]
+    rest = await collect(stream)
+    assert [(m.finished.output_index, m.finished.reason, m.finished.message) for m in rest] == [
+        (0, pb.FINISH_REASON_CANCELLED, "aborted by Abort")
+    ]
+    assert rest[-1].HasField("usage")
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+    assert "r1" in backend.aborted and len(parts.registry) == 0
+
+
+async def test_abort_of_a_prefill_is_a_cancelled_error() -> None:
+    parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    parts.registry.get("r1").abort("drain")  # type: ignore[union-attr]
+    message = await asyncio.wait_for(waiter, 1)
+    assert message.error.code == pb.ERROR_CODE_CANCELLED
+    assert await collect(stream) == []
+
+
+async def test_client_going_away_aborts_the_driver() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(delta(0, 1))
+    await asyncio.wait_for(waiter, 1)
+    await stream.aclose()  # the client cancelled or its deadline expired
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+    assert backend.aborted == ["r1"] and len(parts.registry) == 0
+
+
+async def test_client_going_away_stops_a_generator_driver() -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    closed = asyncio.Event()
+
+    def endless(_request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        async def run() -> AsyncIterator[GenerationEvent]:
+            try:
+                while True:
+                    yield delta(0, 1)
+                    await asyncio.sleep(0)
+            finally:
+                closed.set()
+
+        return run()
+
+    backend.on_generate = endless
+    stream = service(parts, backend).generate(request())
+    await anext(stream)
+    await stream.aclose()
+    await asyncio.wait_for(closed.wait(), 1)
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+
+
+# -- pump_events ----------------------------------------------------------------------------------
+
+
+async def test_pump_coalesces_while_the_consumer_lags() -> None:
+    async def source() -> AsyncIterator[GenerationEvent]:
+        for i in range(5):
+            yield delta(0, i)
+
+    stream, task = pump_events(source())
+    await task
+    (merged,) = await ready(stream)
+    assert isinstance(merged, TokenDelta) and [t.token_id for t in merged.tokens] == [0, 1, 2, 3, 4]
+
+
+async def test_pump_reports_a_failure_after_the_events() -> None:
+    async def source() -> AsyncIterator[GenerationEvent]:
+        yield delta(0, 1)
+        raise EngineFailure(pb.ERROR_CODE_INTERNAL, "boom")
+
+    stream, task = pump_events(source())
+    await task
+    assert isinstance(await anext(stream), TokenDelta)
+    with pytest.raises(EngineFailure, match="boom"):
+        await anext(stream)
+
+
+async def test_cancelled_pump_cancels_the_stream() -> None:
+    gate = asyncio.Event()
+
+    async def source() -> AsyncIterator[GenerationEvent]:
+        await gate.wait()
+        yield delta(0, 1)
+
+    stream, task = pump_events(source())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stream.cancelled and await ready(stream) == []

@@ -1,0 +1,137 @@
+"""``launch``: configuration to started engines, all-or-nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import ClassVar
+
+import pytest
+from openengine_gateway import launch
+from openengine_gateway.config import Config, ConfigError, EngineSection, PluginsSection
+from openengine_gateway.contract.capabilities import CapabilityError
+from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.spi import Backend, BackendSettings, EngineFacts
+from pydantic import Field
+
+from tests.fakes import FakeBackend
+
+
+class Settings(BackendSettings):
+    seed: int = 0
+    max_running_requests: int = Field(default=4, gt=0)
+
+
+class Driver(FakeBackend):
+    Settings = Settings
+    started_order: ClassVar[list[str]] = []
+    fail_start: ClassVar[set[str]] = set()
+
+    async def start(self) -> EngineFacts:
+        if self.settings.model in self.fail_start:
+            raise RuntimeError(f"cannot start {self.settings.model}")
+        Driver.started_order.append(self.settings.model)
+        return await super().start()
+
+
+@pytest.fixture
+def loaded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Collection[str] | None]]:
+    calls: list[tuple[str, Collection[str] | None]] = []
+
+    def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Backend]:
+        calls.append((name, allowed))
+        return Driver
+
+    monkeypatch.setattr(launch, "load_backend", load_backend)
+    monkeypatch.setattr(Driver, "started_order", [])
+    monkeypatch.setattr(Driver, "fail_start", set())
+    return calls
+
+
+def test_options_overlay_backend_defaults(loaded: list[tuple[str, Collection[str] | None]]) -> None:
+    config = Config(plugins=PluginsSection(allow=["fake"]), backends={"fake": {"seed": 1, "max_running_requests": 2}})
+    (plan,) = launch.plan_engines([EngineSection(backend="fake", options={"model": "m", "seed": "9"})], config)
+    assert isinstance(plan.backend, Driver)
+    assert plan.backend.settings == Settings(model="m", seed=9, max_running_requests=2)
+    assert loaded == [("fake", ["fake"])]  # the allowlist reaches the loader
+
+
+@pytest.mark.parametrize(
+    ("section", "served"),
+    [
+        (EngineSection(backend="fake", served_model_name="chat", options={"model": "m"}), "chat"),
+        (EngineSection(backend="fake", options={"model": "org/m"}), "org/m"),
+        (EngineSection(backend="fake"), "fake"),
+    ],
+)
+def test_served_name_fallbacks(loaded: object, section: EngineSection, served: str) -> None:
+    (plan,) = launch.plan_engines([section], Config())
+    assert plan.served_name == served
+
+
+def test_invalid_options_name_the_engine_and_key(loaded: object) -> None:
+    with pytest.raises(ConfigError) as raised:
+        launch.plan_engines(
+            [EngineSection(backend="fake"), EngineSection(backend="fake", options={"bogus": 1})], Config()
+        )
+    assert raised.value.args[0].startswith("engines[1] (fake) options: invalid configuration")
+    assert "\n  bogus: " in raised.value.args[0]
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        [EngineSection(backend="fake", served_model_name="a"), EngineSection(backend="fake", served_model_name="a")],
+        [
+            EngineSection(backend="fake", served_model_name="a", aliases=["b"]),
+            EngineSection(backend="fake", served_model_name="b"),
+        ],
+        [EngineSection(backend="fake", served_model_name="a", aliases=["a"])],
+    ],
+)
+def test_a_name_served_twice_is_refused_before_anything_starts(loaded: object, sections: list[EngineSection]) -> None:
+    with pytest.raises(ConfigurationError, match="served twice"):
+        launch.plan_engines(sections, Config())
+
+
+def test_no_engine(loaded: object) -> None:
+    with pytest.raises(ConfigurationError, match="no engine to serve"):
+        launch.plan_engines([], Config())
+
+
+async def test_start_engines(loaded: object) -> None:
+    sections = [
+        EngineSection(backend="fake", served_model_name="a", aliases=["x"], options={"model": "m1"}),
+        EngineSection(backend="fake", served_model_name="b", options={"model": "m2"}),
+    ]
+    engines = await launch.start_engines(sections, Config())
+    assert engines.served_names == ["a", "x", "b"]
+    assert Driver.started_order == ["m1", "m2"]
+
+
+async def test_a_failed_start_stops_the_engines_already_started(
+    loaded: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Driver.fail_start = {"m3"}
+    sections = [
+        EngineSection(backend="fake", served_model_name=name, options={"model": model})
+        for name, model in [("a", "m1"), ("b", "m2"), ("c", "m3")]
+    ]
+    plans = launch.plan_engines(sections, Config())
+    monkeypatch.setattr(launch, "plan_engines", lambda *_: plans)  # keep hold of the backends
+    with pytest.raises(RuntimeError, match="cannot start m3"):
+        await launch.start_engines(sections, Config())
+    assert [plan.backend.stopped for plan in plans] == [True, True, False]  # type: ignore[attr-defined]
+
+
+async def test_an_engine_whose_table_is_refused_is_stopped_too(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver that started but advertises a table breaking the contract is not left running."""
+    sections = [
+        EngineSection(backend="fake", served_model_name=name, options={"model": model})
+        for name, model in [("a", "m1"), ("b", "m2")]
+    ]
+    plans = launch.plan_engines(sections, Config())
+    plans[1].backend.facts.model.max_context_length = 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(launch, "plan_engines", lambda *_: plans)
+    with pytest.raises(CapabilityError, match="max_context_length"):
+        await launch.start_engines(sections, Config())
+    assert [plan.backend.stopped for plan in plans] == [True, True]  # type: ignore[attr-defined]

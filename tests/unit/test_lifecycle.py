@@ -1,0 +1,375 @@
+"""``core.lifecycle``: Abort, Drain and Health, the same for every driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from openengine_gateway import pb
+from openengine_gateway.contract.registry import ActiveRequest
+from openengine_gateway.core.lifecycle import LifecycleService, worst
+from openengine_gateway.errors import EngineFailure, InvalidArgument, NotFound, Unavailable, Unimplemented
+from openengine_gateway.spi import EventStream, GenerationRequest, KvSession, OutputFinished, PrefillDone, UsageReport
+
+from tests.fakes import CoreParts, FakeBackend, engine_set, ready, scripted
+
+READY = pb.HEALTH_STATE_READY
+NOT_READY = pb.HEALTH_STATE_NOT_READY
+
+
+def service(
+    parts: CoreParts, *backends: FakeBackend | tuple[FakeBackend, str], probe_timeout: float = 5.0
+) -> LifecycleService:
+    return LifecycleService(
+        engine_set(*backends), parts.registry, parts.state, probe_timeout=probe_timeout, drain_progress_interval=0.01
+    )
+
+
+def admit(parts: CoreParts, request_id: str, *, session: str | None = None, model: str = "m") -> ActiveRequest:
+    """An in-flight request whose stop ends it, as the generation service's does."""
+    request = ActiveRequest(request_id, "generate", model, kv_session_id=session)
+    request.stop = lambda _reason: parts.registry.release(request)
+    parts.registry.admit(request)
+    return request
+
+
+def finish(parts: CoreParts, request: ActiveRequest) -> None:
+    parts.registry.release(request)
+
+
+# -- Abort --------------------------------------------------------------------------------------
+
+
+async def test_abort_needs_exactly_one_target() -> None:
+    with pytest.raises(InvalidArgument, match="exactly one abort target"):
+        await service(CoreParts(), FakeBackend()).abort(pb.AbortRequest())
+
+
+async def test_abort_by_request_id() -> None:
+    parts = CoreParts()
+    lifecycle = service(parts, FakeBackend())
+    request = admit(parts, "r1")
+    response = await lifecycle.abort(pb.AbortRequest(request_id="r1"))
+    assert response.status == pb.ABORT_STATUS_ABORTED
+    assert request.aborted and request.abort_reason == "aborted by Abort"
+    # Finished (by the abort itself): a second abort is a successful, idempotent outcome.
+    again = await lifecycle.abort(pb.AbortRequest(request_id="r1"))
+    assert again.status == pb.ABORT_STATUS_ALREADY_FINISHED
+
+
+async def test_abort_of_a_request_that_finished_on_its_own() -> None:
+    parts = CoreParts()
+    finish(parts, admit(parts, "done"))
+    response = await service(parts, FakeBackend()).abort(pb.AbortRequest(request_id="done"))
+    assert response.status == pb.ABORT_STATUS_ALREADY_FINISHED
+
+
+async def test_abort_of_an_unknown_or_forgotten_request_is_not_found() -> None:
+    parts = CoreParts(finished_window=1)
+    finish(parts, admit(parts, "old"))
+    finish(parts, admit(parts, "new"))
+    lifecycle = service(parts, FakeBackend())
+    with pytest.raises(NotFound, match="'old'"):
+        await lifecycle.abort(pb.AbortRequest(request_id="old"))
+    with pytest.raises(NotFound):
+        await lifecycle.abort(pb.AbortRequest(request_id="never"))
+    with pytest.raises(InvalidArgument, match="non-empty"):
+        await lifecycle.abort(pb.AbortRequest(request_id=""))
+
+
+async def test_abort_on_an_engine_without_abort_is_unimplemented() -> None:
+    parts = CoreParts()
+    request = admit(parts, "r1")
+    with pytest.raises(Unimplemented, match="does not support abort"):
+        await service(parts, FakeBackend(supports_abort=False)).abort(pb.AbortRequest(request_id="r1"))
+    assert not request.aborted
+
+
+async def test_abort_by_kv_session() -> None:
+    parts = CoreParts()
+    backend = FakeBackend()
+    backend.kv_sessions = {"s1", "s2"}
+    lifecycle = service(parts, backend)
+    attached = admit(parts, "r1", session="s1")
+    other = admit(parts, "r2", session="s2")
+    response = await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s1")))
+    assert response.status == pb.ABORT_STATUS_ABORTED
+    assert attached.aborted and not other.aborted
+    assert backend.released_sessions == ["s1"]
+    # A session only the engine holds (no request attached) is aborted too.
+    finish(parts, other)
+    assert (await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s2")))).status == 1
+
+
+async def test_abort_of_an_unknown_session() -> None:
+    lifecycle = service(CoreParts(), FakeBackend())
+    with pytest.raises(NotFound, match="'s9'"):
+        await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s9")))
+    with pytest.raises(InvalidArgument, match="session_id"):
+        await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef()))
+
+
+async def test_abort_all_requests() -> None:
+    parts = CoreParts()
+    lifecycle = service(parts, FakeBackend())
+    requests = [admit(parts, f"r{i}") for i in range(3)]
+    response = await lifecycle.abort(pb.AbortRequest(all_requests=pb.AllRequests()))
+    assert response.status == pb.ABORT_STATUS_ABORTED and "3" in response.message
+    assert all(r.aborted for r in requests) and len(parts.registry) == 0
+    assert (await lifecycle.abort(pb.AbortRequest(all_requests=pb.AllRequests()))).status == pb.ABORT_STATUS_ABORTED
+
+
+# -- Drain --------------------------------------------------------------------------------------
+
+
+def states(responses: list[pb.DrainResponse]) -> list[str]:
+    return [
+        pb.DrainState.Name(r.state) if r.WhichOneof("event") == "state" else pb.ErrorCode.Name(r.error.code)
+        for r in responses
+    ]
+
+
+async def drain(lifecycle: LifecycleService, **fields: object) -> AsyncIterator[pb.DrainResponse]:
+    return lifecycle.drain(pb.DrainRequest(**fields))  # type: ignore[arg-type]
+
+
+async def test_drain_of_an_idle_gateway() -> None:
+    parts = CoreParts()
+    responses = [
+        r async for r in service(parts, FakeBackend()).drain(pb.DrainRequest(stop_accepting_new_requests=True))
+    ]
+    assert states(responses) == ["DRAIN_STATE_STARTED", "DRAIN_STATE_COMPLETE"]
+    for response in responses:
+        assert response.HasField("in_flight_requests") and response.in_flight_requests == 0
+        assert not response.HasField("open_kv_sessions")  # no engine reports sessions: unknown
+    assert parts.state.draining
+    with pytest.raises(Unavailable, match="draining"):
+        parts.state.check_accepting()
+
+
+async def test_drain_without_stop_accepting_keeps_admitting() -> None:
+    parts = CoreParts()
+    responses = [r async for r in service(parts, FakeBackend()).drain(pb.DrainRequest())]
+    assert states(responses)[-1] == "DRAIN_STATE_COMPLETE"
+    parts.state.check_accepting()
+
+
+async def test_drain_reports_progress_until_complete() -> None:
+    parts = CoreParts()
+    first, second = admit(parts, "a"), admit(parts, "b")
+    stream = service(parts, FakeBackend()).drain(pb.DrainRequest(stop_accepting_new_requests=True))
+    started = await anext(stream)
+    assert states([started]) == ["DRAIN_STATE_STARTED"] and started.in_flight_requests == 2
+    finish(parts, first)
+    progress = await anext(stream)
+    assert states([progress]) == ["DRAIN_STATE_IN_PROGRESS"] and progress.in_flight_requests == 1
+    finish(parts, second)
+    complete = await anext(stream)
+    assert states([complete]) == ["DRAIN_STATE_COMPLETE"] and complete.in_flight_requests == 0
+    assert await ready(stream) == []
+
+
+async def test_drain_counts_open_kv_sessions() -> None:
+    parts = CoreParts()
+    backend = FakeBackend()
+    backend.report_kv_sessions = True
+    backend.kv_sessions = {"s1"}
+    stream = service(parts, backend).drain(pb.DrainRequest())
+    started = await anext(stream)
+    assert started.HasField("open_kv_sessions") and started.open_kv_sessions == 1
+    backend.kv_sessions.clear()
+    complete = await anext(stream)
+    assert states([complete]) == ["DRAIN_STATE_COMPLETE"]
+    assert complete.HasField("open_kv_sessions") and complete.open_kv_sessions == 0  # a reported zero
+
+
+async def test_drain_deadline_without_abort_ends_with_one_error() -> None:
+    parts = CoreParts()
+    admit(parts, "a")
+    responses = [r async for r in service(parts, FakeBackend()).drain(pb.DrainRequest(deadline_ms=0))]
+    assert states(responses) == ["DRAIN_STATE_STARTED", "ERROR_CODE_DRAINING"]
+    error = responses[-1].error
+    assert error.retryable and error.HasField("retry_after_ms")
+    assert error.details["in_flight_requests"] == 1
+    assert len(parts.registry) == 1  # nothing was aborted
+
+
+async def test_drain_deadline_then_abort() -> None:
+    parts = CoreParts()
+    backend = FakeBackend()
+    backend.report_kv_sessions = True
+    backend.kv_sessions = {"s1"}
+    request = admit(parts, "a")
+    responses = [
+        r async for r in service(parts, backend).drain(pb.DrainRequest(deadline_ms=0, abort_after_deadline=True))
+    ]
+    assert states(responses)[0] == "DRAIN_STATE_STARTED" and states(responses)[-1] == "DRAIN_STATE_COMPLETE"
+    assert "ERROR_CODE_DRAINING" not in states(responses)
+    assert request.aborted and request.abort_reason == "aborted by Drain after its deadline"
+    assert backend.released_sessions == ["s1"]
+
+
+async def test_drain_with_a_future_deadline_completes_first() -> None:
+    parts = CoreParts()
+    request = admit(parts, "a")
+    stream = service(parts, FakeBackend()).drain(pb.DrainRequest(deadline_ms=60_000, abort_after_deadline=True))
+    await anext(stream)
+    finish(parts, request)
+    assert states(await ready_all(stream)) == ["DRAIN_STATE_COMPLETE"]
+    assert not request.aborted
+
+
+async def test_absent_deadline_means_no_deadline() -> None:
+    parts = CoreParts()
+    request = admit(parts, "a")
+    stream = service(parts, FakeBackend()).drain(pb.DrainRequest(abort_after_deadline=True))
+    await anext(stream)
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)  # several progress intervals: still waiting, nothing aborted
+    assert not waiter.done() and not request.aborted
+    finish(parts, request)
+    assert states([await asyncio.wait_for(waiter, 1)]) == ["DRAIN_STATE_COMPLETE"]
+
+
+async def test_a_failure_after_acceptance_is_one_terminal_error() -> None:
+    """Once STARTED was sent, a failure ends the stream with an EngineError, not a status."""
+    parts = CoreParts()
+    backend = FakeBackend()
+    request = admit(parts, "a")
+    stream = service(parts, backend).drain(pb.DrainRequest())
+    await anext(stream)
+    backend.load_error = RuntimeError("engine unreachable")
+    finish(parts, request)
+    responses = await ready_all(stream)
+    assert states(responses) == ["ERROR_CODE_INTERNAL"]
+    assert "engine unreachable" in responses[0].error.message
+
+
+async def ready_all(stream: AsyncIterator[pb.DrainResponse]) -> list[pb.DrainResponse]:
+    return await asyncio.wait_for(_collect(stream), 2)
+
+
+async def _collect(stream: AsyncIterator[pb.DrainResponse]) -> list[pb.DrainResponse]:
+    return [r async for r in stream]
+
+
+# -- Health -------------------------------------------------------------------------------------
+
+
+def test_worst() -> None:
+    assert worst([]) == READY
+    assert worst([READY, pb.HEALTH_STATE_DEGRADED]) == pb.HEALTH_STATE_DEGRADED
+    assert worst([pb.HEALTH_STATE_STARTING, pb.HEALTH_STATE_DEGRADED]) == pb.HEALTH_STATE_STARTING
+    assert worst([READY, NOT_READY, pb.HEALTH_STATE_STARTING]) == NOT_READY
+
+
+async def test_health_while_starting() -> None:
+    parts = CoreParts()
+    parts.state.started = False
+    response = await service(parts, FakeBackend()).health(pb.HealthRequest())
+    assert response.state == pb.HEALTH_STATE_STARTING
+    assert [(c.name, c.state) for c in response.checks] == [("grpc", pb.HEALTH_STATE_STARTING)]
+
+
+async def test_health_combines_engine_checks() -> None:
+    backend = FakeBackend()
+    lifecycle = service(CoreParts(), backend)
+    response = await lifecycle.health(pb.HealthRequest())
+    assert response.state == READY
+    assert [(c.name, c.state) for c in response.checks] == [("grpc", READY), ("model", READY)]
+    backend.health_checks.append(pb.HealthCheck(name="kv_connector", state=pb.HEALTH_STATE_DEGRADED, message="slow"))
+    assert (await lifecycle.health(pb.HealthRequest())).state == pb.HEALTH_STATE_DEGRADED
+    backend.health_checks.append(pb.HealthCheck(name="scheduler", state=NOT_READY, message="stuck"))
+    assert (await lifecycle.health(pb.HealthRequest())).state == NOT_READY
+
+
+async def test_health_while_draining() -> None:
+    parts = CoreParts()
+    parts.state.draining = True
+    assert (await service(parts, FakeBackend()).health(pb.HealthRequest())).state == pb.HEALTH_STATE_DRAINING
+
+
+async def test_health_of_several_engines_and_model_selection() -> None:
+    sick = FakeBackend()
+    sick.health_checks = [pb.HealthCheck(name="model", state=NOT_READY, message="oom")]
+    lifecycle = service(CoreParts(), (FakeBackend(), "a"), (sick, "b"))
+    everything = await lifecycle.health(pb.HealthRequest())
+    assert everything.state == NOT_READY
+    assert [c.message for c in everything.checks[1:]] == ["a: ok", "b: oom"]
+    only_a = await lifecycle.health(pb.HealthRequest(model="a"))
+    assert only_a.state == READY and [c.message for c in only_a.checks[1:]] == ["a: ok"]
+    with pytest.raises(NotFound):
+        await lifecycle.health(pb.HealthRequest(model="zzz"))
+
+
+async def test_health_role_check() -> None:
+    lifecycle = service(CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL))
+    matching = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_PREFILL))
+    assert matching.state == READY and matching.checks[-1].name == "role"
+    wrong = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_DECODE))
+    assert wrong.state == NOT_READY
+    assert wrong.checks[-1].message == "engine role is ENGINE_ROLE_PREFILL, expected ENGINE_ROLE_DECODE"
+    with pytest.raises(InvalidArgument, match="unknown role 9"):
+        await lifecycle.health(pb.HealthRequest(role=9))  # type: ignore[arg-type]
+
+
+async def test_inference_probe_generates_one_token() -> None:
+    backend = FakeBackend()
+    backend.on_generate = scripted(UsageReport(1, 1), OutputFinished(0, pb.FINISH_REASON_LENGTH))
+    response = await service(CoreParts(), backend).health(pb.HealthRequest(include_inference_probe=True))
+    assert response.state == READY
+    assert (response.checks[-1].name, response.checks[-1].message) == ("inference_probe", "generated a token")
+    (probe,) = backend.requests
+    assert probe.prompt == "Hello" and probe.stopping.max_tokens == 1
+    assert backend.aborted == []
+
+
+async def test_inference_probe_uses_token_ids_when_text_is_not_accepted() -> None:
+    backend = FakeBackend(model=pb.ModelInfo(supports_text_input=False))
+    backend.on_generate = scripted(OutputFinished(0, pb.FINISH_REASON_LENGTH))
+    await service(CoreParts(), backend).health(pb.HealthRequest(include_inference_probe=True))
+    assert backend.requests[0].prompt is None and list(backend.requests[0].prompt_token_ids or []) == [0]
+
+
+async def test_prefill_probe_releases_its_session() -> None:
+    backend = FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    backend.kv_sessions = {"probe-session"}
+    backend.on_generate = scripted(PrefillDone(KvSession("probe-session")))
+    response = await service(CoreParts(), backend).health(pb.HealthRequest(include_inference_probe=True))
+    assert response.checks[-1].message == "prefill produced a KV session"
+    assert backend.released_sessions == ["probe-session"]
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "message"),
+    [
+        ((), EngineFailure(pb.ERROR_CODE_INTERNAL, "CUDA error"), "CUDA error"),
+        ((UsageReport(1, 0),), None, "ended without a result"),
+    ],
+)
+async def test_failed_probe_is_a_not_ready_check(
+    events: tuple[UsageReport, ...], error: BaseException | None, message: str
+) -> None:
+    backend = FakeBackend()
+    backend.on_generate = scripted(*events, error=error)
+    response = await service(CoreParts(), backend).health(pb.HealthRequest(include_inference_probe=True))
+    assert response.state == NOT_READY
+    assert response.checks[-1].state == NOT_READY and message in response.checks[-1].message
+    assert len(backend.aborted) == 1 and backend.aborted[0].startswith("probe-")
+
+
+async def test_probe_timeout() -> None:
+    backend = FakeBackend()
+    streams: list[EventStream] = []
+
+    def never(_request: GenerationRequest) -> EventStream:
+        streams.append(EventStream())
+        return streams[-1]
+
+    backend.on_generate = never
+    response = await service(CoreParts(), backend, probe_timeout=0.02).health(
+        pb.HealthRequest(include_inference_probe=True)
+    )
+    assert response.checks[-1].state == NOT_READY and "no result within 0.02s" in response.checks[-1].message
+    assert len(backend.aborted) == 1

@@ -1,0 +1,143 @@
+"""``contract.registry``: the request-id namespace shared by Generate and the task RPCs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openengine_gateway.contract.registry import ActiveRequest, RequestRegistry
+from openengine_gateway.errors import AlreadyExists, ResourceExhausted
+
+
+def active(request_id: str, *, session: str | None = None) -> ActiveRequest:
+    return ActiveRequest(request_id, "generate", "m", kv_session_id=session)
+
+
+def test_admit_get_release() -> None:
+    registry = RequestRegistry()
+    request = active("a")
+    registry.admit(request)
+    assert registry.get("a") is request and len(registry) == 1
+    assert registry.in_flight() == [request]
+    assert not registry.recently_finished("a")
+    registry.release(request)
+    assert registry.get("a") is None and len(registry) == 0
+    assert registry.recently_finished("a")
+
+
+def test_in_flight_duplicate_is_already_exists() -> None:
+    registry = RequestRegistry()
+    registry.admit(active("a"))
+    with pytest.raises(AlreadyExists, match="'a' is already in flight"):
+        registry.admit(active("a"))
+    assert len(registry) == 1
+
+
+def test_finished_id_may_be_reused() -> None:
+    registry = RequestRegistry()
+    first = active("a")
+    registry.admit(first)
+    registry.release(first)
+    second = active("a")
+    registry.admit(second)
+    assert registry.get("a") is second
+    assert not registry.recently_finished("a")  # in flight again, not finished
+
+
+def test_release_of_a_replaced_request_is_ignored() -> None:
+    """Only the admitted object releases its id (a rejected duplicate must not free it)."""
+    registry = RequestRegistry()
+    admitted = active("a")
+    registry.admit(admitted)
+    registry.release(active("a"))
+    assert registry.get("a") is admitted
+    registry.release(admitted)
+    registry.release(admitted)  # a second release is harmless
+    assert len(registry) == 0
+
+
+def test_finished_window_is_bounded() -> None:
+    registry = RequestRegistry(finished_window=3)
+    for name in "abcde":
+        request = active(name)
+        registry.admit(request)
+        registry.release(request)
+    assert [registry.recently_finished(n) for n in "abcde"] == [False, False, True, True, True]
+    assert len(registry._finished) == 3  # bounded memory
+
+
+def test_max_in_flight_is_resource_exhausted() -> None:
+    registry = RequestRegistry(max_in_flight=2)
+    first, second = active("a"), active("b")
+    registry.admit(first)
+    registry.admit(second)
+    with pytest.raises(ResourceExhausted) as raised:
+        registry.admit(active("c"))
+    assert raised.value.retry_after_ms is not None
+    with pytest.raises(AlreadyExists):  # a duplicate is reported as such even when full
+        registry.admit(active("a"))
+    registry.release(first)
+    registry.admit(active("c"))
+
+
+def test_abort_is_idempotent() -> None:
+    reasons: list[str] = []
+    request = ActiveRequest("a", "task", "m", stop=reasons.append)
+    request.abort("first")
+    request.abort("second")
+    assert request.aborted and request.abort_reason == "first"
+    assert reasons == ["first"]
+
+
+def test_with_kv_session() -> None:
+    registry = RequestRegistry()
+    on_s1 = [active("a", session="s1"), active("b", session="s1")]
+    for request in [*on_s1, active("c", session="s2"), active("d")]:
+        registry.admit(request)
+    assert registry.with_kv_session("s1") == on_s1
+    assert registry.with_kv_session("s9") == []
+
+
+async def test_wait_changed_returns_on_admit_and_release() -> None:
+    registry = RequestRegistry()
+    request = active("a")
+    waiter = asyncio.ensure_future(registry.wait_changed(None))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    registry.admit(request)
+    await asyncio.wait_for(waiter, 1)
+    waiter = asyncio.ensure_future(registry.wait_changed(None))
+    await asyncio.sleep(0)
+    registry.release(request)
+    await asyncio.wait_for(waiter, 1)
+
+
+async def test_wait_changed_times_out_quietly() -> None:
+    registry = RequestRegistry()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await registry.wait_changed(0.01)
+    assert loop.time() - started >= 0.009
+
+
+async def test_wait_changed_sees_only_later_changes() -> None:
+    """A change before the wait began does not end it (each wait watches from its start)."""
+    registry = RequestRegistry()
+    registry.admit(active("a"))
+    waiter = asyncio.ensure_future(registry.wait_changed(None))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    registry.admit(active("b"))
+    await asyncio.wait_for(waiter, 1)
+
+
+async def test_withdrawn_request_is_forgotten() -> None:
+    """A request rejected before acceptance leaves no trace: Abort will say NOT_FOUND."""
+    registry = RequestRegistry()
+    request = active("a")
+    registry.admit(request)
+    waiter = asyncio.ensure_future(registry.wait_changed(None))
+    await asyncio.sleep(0)
+    registry.release(request, finished=False)
+    await asyncio.wait_for(waiter, 1)  # drains still see the change
+    assert registry.get("a") is None and not registry.recently_finished("a")
