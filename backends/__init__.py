@@ -1,0 +1,1 @@
+"""Built-in OpenEngine backend drivers (``openengine_backends.<name>``)."""

@@ -1,0 +1,341 @@
+"""``MockBackend``: the simulated engine behind the SPI.
+
+``generate`` validates synchronously (everything the engine cannot take is a pre-acceptance
+``RequestError``), builds the request's engine state and queues it on a rank; that rank's
+step loop feeds the returned ``EventStream`` directly. ``fail`` and ``restart`` simulate an
+engine crash and recovery for fault-injection tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator
+
+import numpy as np
+from openengine_gateway import __version__, pb
+from openengine_gateway.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from openengine_gateway.spi import (
+    Backend,
+    BackendSettings,
+    ClassifyCall,
+    EmbedCall,
+    EngineFacts,
+    EventStream,
+    GenerationRequest,
+    LoraAdapter,
+    ScoreCall,
+    StopTextMatcher,
+    resolve_max_tokens,
+)
+
+from . import capabilities
+from .events import Outbox
+from .guided import make_guide
+from .kv_cache import CacheKey
+from .model import PseudoModel
+from .request import MockRequest, Output
+from .sampling import Sampler, output_rng
+from .scheduler import EngineCore
+from .settings import MockSettings
+from .tasks import TaskModel
+from .tokenizer import VOCAB_SIZE, encode_input
+from .transfer import TRANSFER_BACKEND, SessionStore, pull, tcp_endpoint
+
+
+class MockBackend(Backend):
+    """A CPU-only simulated inference engine (see the package docstring)."""
+
+    name = "mock"
+    Settings = MockSettings
+
+    def __init__(self, settings: BackendSettings) -> None:
+        if not isinstance(settings, MockSettings):
+            raise TypeError(f"MockBackend needs MockSettings, got {type(settings).__name__}")
+        super().__init__(settings)
+        self.options = settings
+        self.model = PseudoModel(settings.seed)
+        self._tasks = TaskModel(
+            settings.seed,
+            settings.embedding_dimension,
+            settings.classify_labels,
+            self.model,
+            settings.max_context_length,
+            lambda tokens: tokens * settings.prefill_time_per_token_s,
+        )
+        self._kv_events: Outbox[pb.KvEventBatch] = Outbox(settings.event_queue_size, "KV event")
+        self._runtime_events: Outbox[pb.RuntimeEvent] = Outbox(settings.event_queue_size, "runtime event")
+        self.sessions: SessionStore | None = None
+        if settings.role == "prefill":
+            self.sessions = SessionStore(
+                settings.kv_transfer_host,
+                settings.kv_transfer_port,
+                settings.kv_session_timeout_s,
+                self._runtime_events.put,
+            )
+        self.cores = [
+            EngineCore(rank, settings, self.model, self._kv_events, self._runtime_events, self.sessions)
+            for rank in range(settings.data_parallel_size)
+        ]
+        for core in self.cores:
+            core.on_crash = self.fail
+        self._loras: dict[str, LoraAdapter] = {}
+        self._rng = np.random.default_rng([settings.seed, 0x73616D70])
+        self._arrivals = itertools.count()
+        self._started = False
+        self.failure: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> EngineFacts:
+        """Start the rank loops (and the transfer server of a prefill engine)."""
+        settings = self.options
+        endpoint = None
+        if self.sessions is not None:
+            await self.sessions.start()
+            local = self.sessions.endpoint
+            endpoint = pb.KvEndpoint(host=local.host, port=local.port, protocol=local.protocol)
+        for core in self.cores:
+            core.start()
+        self._started = True
+        return EngineFacts(
+            engine_name="mock",
+            engine_version=__version__,
+            model=capabilities.model_info(settings),
+            role=capabilities.ROLES[settings.role],
+            parallelism=capabilities.parallelism(settings),
+            kv_connector=capabilities.kv_connector(settings, endpoint),
+            publishes_kv_events=settings.enable_kv_events,
+            publishes_runtime_events=settings.enable_runtime_events,
+            lora_adapters=(),
+        )
+
+    async def stop(self) -> None:
+        """Stop the loops and the transfer server."""
+        self._started = False
+        for core in self.cores:
+            await core.stop()
+        if self.sessions is not None:
+            await self.sessions.stop()
+
+    def fail(self, message: str) -> None:
+        """Simulate a crash: every request fails (retryable INTERNAL), health is NOT_READY,
+        new requests are UNAVAILABLE, held KV sessions are lost."""
+        self.failure = message
+        if self.sessions is not None:
+            self.sessions.release_all("failed")
+        for core in self.cores:
+            core.fail(message)
+
+    def restart(self) -> None:
+        """Recover from ``fail`` (crashing first if healthy): an empty KV cache, READY again."""
+        if self.failure is None:
+            self.fail("the engine is restarting")
+        for core in self.cores:
+            core.clear_cache()
+            core.start()
+        self.failure = None
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> EventStream:
+        """Validate, queue on a rank, and return the stream that rank's loop feeds."""
+        self._check_serving()
+        settings = self.options
+        prefill_only = settings.role == "prefill"
+        session = request.kv_session
+        if session is not None:
+            if session.transfer_backend != TRANSFER_BACKEND:
+                raise InvalidArgument(
+                    f"kv.session.transfer_backend {session.transfer_backend!r} is not this engine's "
+                    f"({TRANSFER_BACKEND!r})"
+                )
+            if tcp_endpoint(session) is None:
+                raise InvalidArgument("kv.session names no tcp endpoint with a host and port to pull from")
+        lora_id, lora_name = self._lora(request.lora_name)
+        prompt = encode_input(request.prompt, request.prompt_token_ids, request.media)
+        if request.prompt_logprobs is not None and request.prompt_logprob_start >= len(prompt):
+            raise InvalidArgument(
+                f"response.prompt_logprob_start ({request.prompt_logprob_start}) is past the prompt "
+                f"({len(prompt)} tokens)"
+            )
+        for wanted in (request.prompt_logprobs, request.output_logprobs):
+            selection = wanted.candidates if wanted is not None else None
+            if selection is not None and any(t >= VOCAB_SIZE for t in selection.token_ids):
+                raise InvalidArgument(f"candidate token ids must be below the vocabulary size {VOCAB_SIZE}")
+        max_tokens = resolve_max_tokens(request, len(prompt), settings.max_context_length, settings.max_output_tokens)
+        count = 1 if prefill_only else request.sampling.num_sequences
+        self._check_capacity(len(prompt), 0 if prefill_only else max_tokens, count)
+        core = self._rank(request)
+        guidance = None if prefill_only else request.guidance
+        stopping = request.stopping
+        outputs = [
+            Output(
+                index,
+                list(prompt),
+                Sampler(self.model, request.sampling, output_rng(request.sampling.seed, index, self._rng), prompt),
+                make_guide(guidance) if guidance is not None else None,
+                StopTextMatcher(stopping.stop_texts, include_stop=stopping.include_stop_in_output),
+            )
+            for index in range(count)
+        ]
+        engine_request = MockRequest(
+            spec=request,
+            prompt=prompt,
+            outputs=outputs,
+            stream=EventStream(),
+            key=CacheKey(lora_id, lora_name, request.cache_salt),
+            max_tokens=max_tokens,
+            prefill_only=prefill_only,
+            arrival=next(self._arrivals),
+            priority=request.priority or 0,
+        )
+        if session is not None:
+            engine_request.transfer = asyncio.get_running_loop().create_task(
+                pull(session, settings.kv_transfer_timeout_s), name=f"pull {session.session_id}"
+            )
+        core.add(engine_request)
+        return engine_request.stream
+
+    def _check_serving(self) -> None:
+        if self.failure is not None:
+            raise Unavailable(f"the mock engine failed: {self.failure}", retry_after_ms=1000)
+        if not self._started:
+            raise Unavailable("the mock engine is not running")
+
+    def _lora(self, name: str | None) -> tuple[int, str]:
+        if name is None:
+            return 0, ""
+        adapter = self._loras.get(name)
+        if adapter is None:
+            raise NotFound(f"no LoRA adapter named {name!r} is loaded in the mock engine")
+        return adapter.lora_id, adapter.lora_name
+
+    def _check_capacity(self, prompt: int, max_tokens: int, outputs: int) -> None:
+        """Reject a request whose outputs could never fit the KV cache together."""
+        size = self.options.kv_block_size
+        shared = prompt // size
+        per_output = -(-(prompt + max_tokens) // size) - shared
+        needed = shared + outputs * per_output
+        if needed > self.options.total_kv_blocks:
+            raise InvalidArgument(
+                f"the request may need {needed} KV blocks; the engine has {self.options.total_kv_blocks} "
+                "(lower max_tokens or num_sequences)"
+            )
+
+    def _rank(self, request: GenerationRequest) -> EngineCore:
+        if request.data_parallel_rank is not None:
+            if request.data_parallel_rank >= len(self.cores):
+                raise InvalidArgument(f"kv.data_parallel_rank must be below {len(self.cores)}")
+            return self.cores[request.data_parallel_rank]
+        return min(self.cores, key=lambda core: len(core.running) + len(core.waiting))
+
+    async def abort(self, request_id: str) -> None:
+        """Remove the request from whichever rank holds it; idempotent."""
+        for core in self.cores:
+            if core.abort(request_id):
+                return
+
+    async def abort_kv_session(self, session_id: str) -> bool:
+        """Release a held prefill session."""
+        return self.sessions is not None and self.sessions.release(session_id, "aborted")
+
+    async def abort_all_kv_sessions(self) -> int:
+        """Release every held prefill session."""
+        return self.sessions.release_all("aborted") if self.sessions is not None else 0
+
+    # -- LoRA -----------------------------------------------------------------------------
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        """Register an adapter directory; its id is mixed into the pseudo-model."""
+        if not await asyncio.to_thread(os.path.isdir, adapter.source_path):
+            raise InvalidArgument(f"LoRA source_path {adapter.source_path!r} is not a directory")
+        if len(self._loras) >= self.options.max_loras:
+            raise ResourceExhausted(f"the mock engine holds at most {self.options.max_loras} LoRA adapters")
+        self._loras[adapter.lora_name] = adapter
+
+    async def unload_lora(self, adapter: LoraAdapter) -> None:
+        """Forget an adapter and every cached block computed with it."""
+        if self._loras.pop(adapter.lora_name, None) is None:
+            raise NotFound(f"no LoRA adapter named {adapter.lora_name!r} is loaded in the mock engine")
+        self._tasks.forget(adapter.lora_id)
+        for core in self.cores:
+            core.kv.drop_lora(adapter.lora_id)
+            core.flush_events()
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+        """Dense or sparse embeddings per sequence or token."""
+        self._check_serving()
+        return await self._tasks.embed(call, self._lora(call.context.lora_name)[0])
+
+    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+        """Label scores per sequence or token."""
+        self._check_serving()
+        return await self._tasks.classify(call, self._lora(call.context.lora_name)[0])
+
+    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+        """Native similarity or label-token scores."""
+        self._check_serving()
+        return await self._tasks.score(call, self._lora(call.context.lora_name)[0])
+
+    # -- observability --------------------------------------------------------------------
+
+    async def load(self) -> pb.LoadInfo:
+        """Every load scalar, summed over ranks, and one entry per rank."""
+        ranks = [core.rank_load() for core in self.cores]
+        return pb.LoadInfo(
+            running_requests=sum(r.running_requests for r in ranks),
+            queued_requests=sum(r.queued_requests for r in ranks),
+            active_kv_sessions=len(self.sessions) if self.sessions is not None else 0,
+            used_kv_blocks=sum(r.used_kv_blocks for r in ranks),
+            total_kv_blocks=sum(r.total_kv_blocks for r in ranks),
+            running_tokens=sum(core.running_tokens() for core in self.cores),
+            waiting_tokens=sum(core.waiting_tokens() for core in self.cores),
+            prefill_batch_size=sum(r.prefill_batch_size for r in ranks),
+            decode_batch_size=sum(r.decode_batch_size for r in ranks),
+            ranks=ranks,
+        )
+
+    async def check_health(self) -> list[pb.HealthCheck]:
+        """The scheduler loops, the model, and (prefill role) the transfer server."""
+        dead = [core.rank for core in self.cores if not core.alive]
+        if self.failure is not None or dead:
+            reason = self.failure or f"the scheduler loop of ranks {dead} is not running"
+            scheduler = pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=reason)
+        else:
+            running = sum(len(core.running) for core in self.cores)
+            waiting = sum(len(core.waiting) for core in self.cores)
+            scheduler = pb.HealthCheck(
+                name="scheduler",
+                state=pb.HEALTH_STATE_READY,
+                message=f"{len(self.cores)} ranks stepping; {running} running, {waiting} waiting",
+            )
+        checks = [scheduler, pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="pseudo-model ready")]
+        if self.sessions is not None:
+            listening = self.sessions.listening
+            checks.append(
+                pb.HealthCheck(
+                    name="kv_connector",
+                    state=pb.HEALTH_STATE_READY if listening else pb.HEALTH_STATE_NOT_READY,
+                    message="transfer server listening" if listening else "transfer server is not listening",
+                )
+            )
+        return checks
+
+    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """KV-event batches, one per step that changed the cache; fails when the consumer lags."""
+        if not self.options.enable_kv_events:
+            return super().kv_events()
+        return self._kv_events.attach()
+
+    def runtime_events(self) -> AsyncIterator[pb.RuntimeEvent]:
+        """Forward-pass, batch, queue and transfer events; fails when the consumer lags."""
+        if not self.options.enable_runtime_events:
+            return super().runtime_events()
+        return self._runtime_events.attach()
+
+
+__all__ = ["MockBackend"]

@@ -1,0 +1,1 @@
+"""Unit and end-to-end tests of the ``mock`` backend."""

@@ -1,0 +1,81 @@
+"""Guided decoding masks that really constrain, alone and through generation."""
+
+from __future__ import annotations
+
+import pytest
+import regex
+from openengine_backends.mock.guided import ChoiceGuide, RegexGuide, make_guide
+from openengine_backends.mock.tokenizer import EOS, encode
+from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.spi import Guidance, Sampling
+
+from .support import engine, generate
+
+
+def allowed_set(guide: ChoiceGuide | RegexGuide) -> set[int]:
+    return {int(t) for t in guide.allowed().nonzero()[0]}
+
+
+def test_choice_guide_walks_the_choices() -> None:
+    guide = ChoiceGuide(("yes", "yet", "no"))
+    assert allowed_set(guide) == {ord("y"), ord("n")}
+    for byte in encode("ye", bos=False):
+        guide.advance(byte)
+    assert allowed_set(guide) == {ord("s"), ord("t")}
+    guide.advance(ord("s"))
+    assert allowed_set(guide) == {EOS}
+
+
+def test_regex_guide_allows_exactly_the_viable_bytes() -> None:
+    guide = RegexGuide(regex.compile(r"[0-9]{2}(am|pm)"))
+    assert allowed_set(guide) == set(range(ord("0"), ord("9") + 1))
+    for byte in encode("12", bos=False):
+        guide.advance(byte)
+    assert allowed_set(guide) == {ord("a"), ord("p")}
+    for byte in encode("pm", bos=False):
+        guide.advance(byte)
+    assert allowed_set(guide) == {EOS}
+
+
+def test_regex_guide_handles_literal_non_ascii() -> None:
+    guide = RegexGuide(regex.compile(r"caf[eé]!"))
+    for byte in encode("caf", bos=False):
+        guide.advance(byte)
+    assert allowed_set(guide) == {ord("e"), 0xC3}
+    guide.advance(0xC3)
+    assert allowed_set(guide) == {0xA9}
+    guide.advance(0xA9)
+    assert allowed_set(guide) == {ord("!")}
+
+
+def test_make_guide_rejects_bad_and_unsatisfiable_specs() -> None:
+    with pytest.raises(InvalidArgument, match="does not compile"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="(unclosed"))
+    with pytest.raises(InvalidArgument, match="cannot be satisfied"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec=r"\p{Greek}+"))
+
+
+async def test_generation_follows_a_regex() -> None:
+    pattern = r"(red|green|blue)-[0-9]{1,3}"
+    async with engine() as backend:
+        for seed in range(8):
+            result = await generate(
+                backend,
+                sampling=Sampling(temperature=1.5, seed=seed),
+                guidance=Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec=pattern),
+            )
+            assert regex.fullmatch(pattern, result.text[0]), result.text[0]
+            assert result.finished[0].reason == pb.FINISH_REASON_STOP
+
+
+async def test_generation_picks_one_choice_per_output() -> None:
+    choices = ("alpha", "beta", "gamma delta", "ça va")
+    async with engine() as backend:
+        result = await generate(
+            backend,
+            sampling=Sampling(temperature=2.0, seed=3, num_sequences=8),
+            guidance=Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=choices),
+        )
+    assert all(text in choices for text in result.text.values())
+    assert len(set(result.text.values())) > 1

@@ -1,0 +1,103 @@
+"""The block manager: prefix cache keys, reference counts, LRU eviction and the events it records."""
+
+from __future__ import annotations
+
+from openengine_backends.mock.kv_cache import BlockManager, BlockTable, CacheKey, block_hash, hash_proto
+from openengine_gateway import pb
+
+KEY = CacheKey()
+
+
+def filled(manager: BlockManager, tokens: list[int], key: CacheKey = KEY, request_id: str = "r") -> BlockTable:
+    """A table that computed all of ``tokens``."""
+    table = BlockTable()
+    hits = manager.lookup(tokens, key, len(tokens))
+    manager.take(table, hits)
+    assert manager.grow(table, len(tokens))
+    manager.commit(table, tokens, len(tokens), key, request_id)
+    return table
+
+
+def test_chained_hashes_are_stored_with_one_event() -> None:
+    manager = BlockManager(8, 4)
+    tokens = list(range(10))
+    table = filled(manager, tokens)
+    first = block_hash(KEY.root, tokens[:4])
+    second = block_hash(first, tokens[4:8])
+    assert table.hashes == [first, second]
+    (event,) = manager.take_events()
+    stored = event.block_stored
+    assert [h.value for h in stored.block_hashes] == [hash_proto(first).value, hash_proto(second).value]
+    assert stored.block_hashes[0].encoding == "int64" and len(stored.block_hashes[0].value) == 8
+    assert not stored.HasField("parent_block_hash")
+    assert list(stored.token_ids) == tokens[:8]
+    assert (stored.block_size, stored.medium, event.request_id) == (4, pb.STORAGE_MEDIUM_GPU, "r")
+    assert manager.used == 3 and manager.cached == 2
+
+
+def test_lookup_finds_the_longest_cached_prefix_within_the_limit() -> None:
+    manager = BlockManager(8, 4)
+    manager.release(filled(manager, list(range(12))))
+    assert len(manager.lookup(list(range(12)), KEY, 12)) == 3
+    assert len(manager.lookup(list(range(12)), KEY, 11)) == 2
+    assert len(manager.lookup([0, 1, 2, 3, 9, 9, 9, 9], KEY, 8)) == 1
+    assert manager.lookup(list(range(12)), CacheKey(salt="s"), 12) == []
+    assert manager.lookup(list(range(12)), CacheKey(lora_id=3, lora_name="a"), 12) == []
+
+
+def test_reference_counts_and_capacity_with_idle_hits() -> None:
+    manager = BlockManager(4, 4)
+    table = filled(manager, list(range(8)))
+    manager.release(table)
+    assert (manager.used, manager.free) == (0, 4)
+    hits = manager.lookup(list(range(8)), KEY, 8)
+    assert manager.available(hits) == 2  # the two idle hits stop being allocatable once taken
+    reused = BlockTable()
+    manager.take(reused, hits)
+    fork = manager.fork(reused, 6)
+    assert fork.blocks[0] is reused.blocks[0] and reused.blocks[0].ref_count == 2
+    assert len(fork.blocks) == 2 and fork.blocks[1] is not reused.blocks[1]
+    assert manager.used == 3
+
+
+def test_eviction_is_lru_tail_first_and_recorded() -> None:
+    manager = BlockManager(3, 2)
+    old = filled(manager, [1, 2, 3, 4, 5, 6], request_id="old")
+    hashes = list(old.hashes)
+    manager.release(old)
+    manager.take_events()
+    assert not manager.grow(BlockTable(), 8)  # more than exists: nothing is taken
+    table = BlockTable()
+    assert manager.grow(table, 2)
+    (removed,) = manager.take_events()
+    assert [h.value for h in removed.block_removed.block_hashes] == [hash_proto(hashes[2]).value]
+    assert removed.block_removed.medium == pb.STORAGE_MEDIUM_GPU
+    assert len(manager.lookup([1, 2, 3, 4, 5, 6], KEY, 6)) == 2
+
+
+def test_duplicate_blocks_are_not_cached_twice() -> None:
+    manager = BlockManager(8, 2)
+    filled(manager, [1, 2])
+    manager.take_events()
+    twin = BlockTable()
+    manager.grow(twin, 2)
+    manager.commit(twin, [1, 2], 2, KEY, "twin")
+    assert manager.take_events() == [] and manager.cached == 1
+    assert twin.blocks[0].block_hash is None
+
+
+def test_drop_lora_and_clear() -> None:
+    manager = BlockManager(8, 2)
+    adapter = CacheKey(lora_id=5, lora_name="five")
+    manager.release(filled(manager, [1, 2, 3, 4], key=adapter))
+    kept = filled(manager, [1, 2])
+    events = manager.take_events()
+    assert events[0].block_stored.lora_id == 5 and events[0].block_stored.lora_name == "five"
+    manager.drop_lora(5)
+    (removed,) = manager.take_events()
+    assert len(removed.block_removed.block_hashes) == 2
+    assert manager.lookup([1, 2, 3, 4], adapter, 4) == [] and manager.cached == 1
+    manager.release(kept)
+    manager.clear()
+    assert manager.take_events()[-1].WhichOneof("event") == "all_blocks_cleared"
+    assert (manager.cached, manager.free) == (0, 8)

@@ -1,0 +1,72 @@
+"""The byte-level tokenizer and incremental UTF-8 detokenization."""
+
+from __future__ import annotations
+
+import pytest
+from openengine_backends.mock.tokenizer import (
+    BOS,
+    EOS,
+    MEDIA_TOKENS,
+    VOCAB_SIZE,
+    TextDecoder,
+    decode,
+    encode,
+    encode_input,
+    media_tokens,
+    piece,
+)
+from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.spi import Media
+
+TEXT = "héllo €uro 😀!"
+
+
+def test_encode_is_bos_then_utf8_bytes() -> None:
+    assert encode("hé") == [BOS, 0x68, 0xC3, 0xA9]
+    assert encode("hé", bos=False) == [0x68, 0xC3, 0xA9]
+    assert decode(encode(TEXT)) == TEXT
+
+
+def test_specials_have_no_text_and_named_pieces() -> None:
+    assert decode([BOS, 0x61, EOS]) == "a"
+    assert (piece(BOS), piece(EOS), piece(ord("a")), piece(0x0A), piece(0xC3)) == ("<s>", "</s>", "a", "\n", "<0xC3>")
+    assert VOCAB_SIZE == 258
+
+
+def test_decoder_never_emits_half_a_character() -> None:
+    decoder = TextDecoder()
+    pieces = [decoder.feed(token) for token in encode(TEXT)]
+    assert "".join(pieces) + decoder.flush() == TEXT
+    for text in pieces:
+        assert "\ufffd" not in text
+    # the four bytes of the emoji: nothing until the last one completes it
+    emoji_at = encode(TEXT).index(0xF0)
+    assert pieces[emoji_at : emoji_at + 4] == ["", "", "", "😀"]
+
+
+def test_decoder_flushes_an_unfinished_character_as_replacement() -> None:
+    decoder = TextDecoder()
+    assert decoder.feed(0x61) == "a"
+    assert decoder.feed(0xE2) == ""
+    assert decoder.feed(EOS) == ""
+    assert decoder.flush() == "\ufffd"
+
+
+def test_encode_input_validates_ids_and_places_media_first() -> None:
+    assert encode_input(None, [1, 2, 257]) == [1, 2, 257]
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        encode_input(None, [1, 258])
+    image = Media(pb.MODALITY_IMAGE, raw_bytes=b"\x89PNG...")
+    tokens = encode_input("hi", None, (image,))
+    assert tokens[0] == BOS
+    assert tokens[1 : 1 + MEDIA_TOKENS] == media_tokens(image)
+    assert tokens[1 + MEDIA_TOKENS :] == [ord("h"), ord("i")]
+
+
+def test_media_tokens_depend_on_content_and_modality() -> None:
+    first = media_tokens(Media(pb.MODALITY_IMAGE, url="https://a.example/x.png"))
+    assert first == media_tokens(Media(pb.MODALITY_IMAGE, url="https://a.example/x.png"))
+    assert first != media_tokens(Media(pb.MODALITY_IMAGE, url="https://a.example/y.png"))
+    assert first != media_tokens(Media(pb.MODALITY_VIDEO, url="https://a.example/x.png"))
+    assert all(0 <= t < 256 for t in first)
