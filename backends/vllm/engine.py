@@ -1,0 +1,404 @@
+"""``VllmBackend``: vLLM's ``AsyncLLM`` in process, behind the OpenEngine SPI.
+
+With ``engine_args.py`` this is the only module of the driver that imports vLLM, and it does so
+when the engine starts (``import vllm`` takes seconds), so loading the plugin, validating
+settings and the mapping tests need no vLLM.
+
+Requests are validated against the started engine before acceptance: text prompts are
+tokenized by vLLM's own renderer and the ``SamplingParams`` are built and verified in
+``generate``, so a request vLLM would refuse is a gRPC status, not a stream error (the price:
+tokenization runs on the event loop, where vLLM's server would use a thread). Outputs stream
+as vLLM deltas (``RequestOutputKind.DELTA``), mapped by ``outputs.RequestStream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from openengine_gateway import pb
+from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, NotFound, RequestError
+from openengine_gateway.spi import (
+    Backend,
+    BackendSettings,
+    ClassifyCall,
+    EmbedCall,
+    EngineFacts,
+    GenerationEvent,
+    GenerationRequest,
+    LoraAdapter,
+    Media,
+    ScoreCall,
+)
+
+from . import capabilities, mapping
+from .engine_args import engine_kwargs
+from .kv_events import subscribe
+from .outputs import RequestStream
+from .pooling import PoolingEngine, PoolingModel, task_capabilities
+from .settings import VllmSettings
+
+_MODALITIES = {pb.MODALITY_IMAGE: "image", pb.MODALITY_VIDEO: "video", pb.MODALITY_AUDIO: "audio"}
+
+
+def _stats_logger(sink: dict[int, Any]) -> Any:
+    """A vLLM stat logger class that keeps each engine's latest ``SchedulerStats`` in ``sink``."""
+    from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+
+    class LatestSchedulerStats(AggregateStatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_indexes: list[int]) -> None:
+            del vllm_config, engine_indexes
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            if scheduler_stats is not None:
+                sink[engine_idx] = scheduler_stats
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    return LatestSchedulerStats
+
+
+class VllmBackend(Backend):
+    """vLLM's ``AsyncLLM`` serving one model (``--backend vllm --model PATH_OR_ID``)."""
+
+    name: ClassVar[str] = capabilities.ENGINE_NAME
+    Settings: ClassVar[type[BackendSettings]] = VllmSettings
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self._engine: Any = None
+        self._limits = mapping.EngineLimits(max_model_len=1, vocab_size=1, max_logprobs=0)
+        self._features: capabilities.EngineFeatures | None = None
+        self._stats: dict[int, Any] = {}
+        self._stats_enabled = False
+        self._loras: dict[str, Any] = {}
+        self._pooling: PoolingEngine | None = None
+        self._transfer_backend = ""
+        self._dp_rank = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> EngineFacts:
+        """Build ``AsyncLLM`` from the settings (in a thread: it blocks while the core starts)."""
+        settings = self.settings
+        assert isinstance(settings, VllmSettings)
+        import vllm
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=settings.model, **engine_kwargs(settings.engine_options))
+        self._stats_enabled = not args.disable_log_stats
+        stat_loggers = [_stats_logger(self._stats)]
+        self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=stat_loggers)
+        try:
+            return await self._describe(vllm.__version__)
+        except BaseException:
+            self._engine.shutdown()
+            raise
+
+    async def _describe(self, version: str) -> EngineFacts:
+        import vllm.envs
+        from vllm.platforms import current_platform
+
+        engine = self._engine
+        config = engine.vllm_config
+        model_config = config.model_config
+        tasks = tuple(await engine.get_supported_tasks())
+        tokenizer = engine.tokenizer
+        features = capabilities.EngineFeatures(
+            supported_tasks=tasks,
+            vocab_size=model_config.get_vocab_size(),
+            has_tokenizer=tokenizer is not None,
+            structured_outputs=current_platform.supports_structured_output(),
+            prompt_token_id_logprobs=bool(config.use_v2_model_runner),
+            max_num_sequences=vllm.envs.VLLM_MAX_N_SEQUENCES,
+            engines=len(getattr(engine.engine_core, "engine_ranks_managed", ())) or 1,
+        )
+        self._features = features
+        role = capabilities.engine_role(config)
+        transfer = config.kv_transfer_config
+        self._transfer_backend = transfer.kv_connector if transfer is not None and transfer.kv_connector else ""
+        self._dp_rank = config.parallel_config.data_parallel_rank
+        generation_config = model_config.try_get_generation_config()
+        self._limits = mapping.EngineLimits(
+            max_model_len=model_config.max_model_len,
+            vocab_size=features.vocab_size,
+            max_logprobs=capabilities.resolved_max_logprobs(model_config.max_logprobs, features.vocab_size),
+            eos_token_ids=mapping.eos_token_ids(engine.renderer.get_eos_token_id(), generation_config),
+            sampling_defaults=mapping.sampling_defaults(model_config.get_diff_sampling_param()),
+            priority_scheduling=config.scheduler_config.policy == "priority",
+            guided_backend=capabilities.guided_backend(config, features),
+            prompt_token_id_logprobs=features.prompt_token_id_logprobs,
+            role=role,
+        )
+        info = capabilities.model_info(config, features)
+        self._pooling = self._pooling_engine(config, features)
+        task_table = task_capabilities(self._pooling.model) if self._pooling is not None else None
+        if task_table is not None:
+            info.tasks.CopyFrom(task_table)
+        kv_sources = engine.get_kv_event_sources()
+        return EngineFacts(
+            engine_name=capabilities.ENGINE_NAME,
+            engine_version=version,
+            model=info,
+            role=role,
+            parallelism=capabilities.parallelism(config),
+            kv_connector=capabilities.kv_connector(config),
+            publishes_kv_events=bool(kv_sources),
+        )
+
+    def _pooling_engine(self, config: Any, features: capabilities.EngineFeatures) -> PoolingEngine | None:
+        """The task runner when vLLM runs the pooling runner for this model."""
+        from vllm.pooling_params import PoolingParams
+
+        model_config = config.model_config
+        if model_config.runner_type != "pooling":
+            return None
+        pooler = model_config.pooler_config
+        id2label = getattr(model_config.hf_config, "id2label", None) or {}
+        model = PoolingModel(
+            tasks=features.supported_tasks,
+            dimension=model_config.embedding_size,
+            labels=tuple(str(id2label[key]) for key in sorted(id2label)),
+            matryoshka=bool(model_config.is_matryoshka),
+            activation_default=pooler is None or pooler.use_activation is not False,
+            lora=config.lora_config is not None,
+            priority=config.scheduler_config.policy == "priority",
+            text=features.has_tokenizer,
+        )
+        if task_capabilities(model) is None:
+            return None
+        return PoolingEngine(self._engine, model, PoolingParams)
+
+    async def stop(self) -> None:
+        """Shut the engine core down (its processes and sockets).
+
+        vLLM's output loop is stopped first, so it does not report the core's exit as a failure.
+        """
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            if engine.output_handler is not None:
+                engine.output_handler.cancel()
+            await asyncio.to_thread(engine.shutdown)
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Validate against the started engine (tokenizing text prompts), then stream."""
+        self._running()
+        features = self._features
+        assert features is not None
+        if "generate" not in features.supported_tasks:
+            raise FailedPrecondition("this vLLM engine runs the pooling runner: it serves Embed, Classify and Score")
+        lora = self._lora(request.lora_name)
+        prompt: dict[str, Any] = mapping.prompt_input(request)
+        prompt_len: int | None = None
+        if not request.media:
+            prompt = self._render(prompt)
+            prompt_len = len(prompt["prompt_token_ids"])
+        plan = mapping.plan_generation(request, self._limits, prompt_len=prompt_len)
+        params = self._sampling_params(plan)
+        stream = RequestStream(
+            request,
+            eos_token_ids=self._limits.eos_token_ids,
+            prefill=self._limits.role == pb.ENGINE_ROLE_PREFILL,
+            transfer_backend=self._transfer_backend,
+            dp_rank=request.data_parallel_rank if request.data_parallel_rank is not None else self._dp_rank,
+        )
+        return self._run(request, prompt, params, plan, lora, stream)
+
+    def _render(self, prompt: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's engine input for a text or token prompt: tokenized here, once, before acceptance."""
+        from vllm.exceptions import VLLMValidationError
+
+        renderer = self._engine.renderer
+        try:
+            (engine_input,) = renderer.render_cmpl([prompt])
+            renderer.validate_token_ids(engine_input["prompt_token_ids"])
+        except (VLLMValidationError, ValueError, TypeError) as exc:
+            raise InvalidArgument(f"vLLM rejected the prompt: {exc}") from None
+        result: dict[str, Any] = engine_input
+        return result
+
+    def _sampling_params(self, plan: mapping.GenerationPlan) -> Any:
+        """``SamplingParams`` (DELTA output), verified against the engine's config."""
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+        config = self._engine.vllm_config
+        try:
+            structured = StructuredOutputsParams(**plan.structured_outputs) if plan.structured_outputs else None
+            params = SamplingParams(**plan.sampling, structured_outputs=structured, output_kind=RequestOutputKind.DELTA)
+            params.verify(
+                config.model_config, config.speculative_config, config.structured_outputs_config, self._engine.tokenizer
+            )
+        except (VLLMValidationError, ValueError) as exc:
+            raise InvalidArgument(f"vLLM rejected the request: {exc}") from None
+        return params
+
+    async def _run(
+        self,
+        request: GenerationRequest,
+        prompt: dict[str, Any],
+        params: Any,
+        plan: mapping.GenerationPlan,
+        lora: Any,
+        stream: RequestStream,
+    ) -> AsyncIterator[GenerationEvent]:
+        if request.media:
+            prompt = {**prompt, **await self._media(request.media)}
+        outputs = self._engine.generate(
+            prompt,
+            params,
+            request.request_id,
+            lora_request=lora,
+            priority=plan.priority,
+            data_parallel_rank=request.data_parallel_rank,
+        )
+        try:
+            async for output in outputs:
+                for event in stream.events(output):
+                    yield event
+        except (EngineFailure, RequestError, asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # broad on purpose: every vLLM failure becomes one EngineError
+            raise engine_failure(exc) from exc
+        finally:
+            await outputs.aclose()
+
+    async def _media(self, media: tuple[Media, ...]) -> dict[str, Any]:
+        """vLLM's ``multi_modal_data``: media fetched and decoded by vLLM's ``MediaConnector``."""
+        from vllm.multimodal.media import MediaConnector
+
+        connector = MediaConnector()
+        fetch: dict[str, Any] = {
+            "image": connector.fetch_image_async,
+            "video": connector.fetch_video_async,
+            "audio": connector.fetch_audio_async,
+        }
+        data: dict[str, list[Any]] = {}
+        uuids: dict[str, list[str | None]] = {}
+        for item in media:
+            kind = _MODALITIES[item.modality]
+            url = item.url or item.data_uri
+            if url is None:
+                mime = item.mime_type or f"{kind}/*"
+                url = f"data:{mime};base64,{base64.b64encode(item.raw_bytes or b'').decode()}"
+            loaded = await fetch[kind](url)
+            data.setdefault(kind, []).append(loaded[0] if kind == "video" else loaded)
+            uuids.setdefault(kind, []).append(item.uuid or None)
+        return {"multi_modal_data": data, "multi_modal_uuids": uuids}
+
+    async def abort(self, request_id: str) -> None:
+        """Abort in vLLM by the request id (and every item of a task call)."""
+        if self._engine is None:
+            return
+        ids = self._pooling.item_ids(request_id) if self._pooling is not None else [request_id]
+        await self._engine.abort(ids or [request_id])
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+        """Embeddings through vLLM's pooling runner."""
+        return await self._pooler().embed(call, self._lora(call.context.lora_name))
+
+    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+        """Class scores through vLLM's pooling runner."""
+        return await self._pooler().classify(call, self._lora(call.context.lora_name))
+
+    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+        """Pair scores (pooling runner) or label-token scores (generate runner)."""
+        return await self._pooler().score(call, self._lora(call.context.lora_name))
+
+    def _pooler(self) -> PoolingEngine:
+        if self._pooling is None:
+            raise FailedPrecondition("this vLLM engine serves no Embed, Classify or Score task")
+        return self._pooling
+
+    # -- LoRA -----------------------------------------------------------------------------
+
+    def _lora(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        lora = self._loras.get(name)
+        if lora is None:
+            raise NotFound(f"LoRA adapter {name!r} is not loaded in the vLLM engine")
+        return lora
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        """``AsyncLLM.add_lora``; the gateway's registry owns names and ids."""
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(adapter.lora_name, adapter.lora_id, adapter.source_path)
+        try:
+            loaded = await self._running().add_lora(lora)
+        except Exception as exc:  # broad on purpose: vLLM raises many kinds for a bad adapter
+            raise InvalidArgument(f"vLLM could not load adapter {adapter.lora_name!r}: {exc}") from None
+        if not loaded:
+            raise InvalidArgument(f"vLLM did not load adapter {adapter.lora_name!r}")
+        self._loras[adapter.lora_name] = lora
+
+    async def unload_lora(self, adapter: LoraAdapter) -> None:
+        """``AsyncLLM.remove_lora`` by the adapter's id."""
+        self._loras.pop(adapter.lora_name, None)
+        await self._running().remove_lora(adapter.lora_id)
+
+    # -- health, load, KV events ----------------------------------------------------------
+
+    async def check_health(self) -> list[pb.HealthCheck]:
+        """vLLM's own health check (a dead engine core or output loop is NOT_READY)."""
+        engine = self._engine
+        if engine is None:
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+        try:
+            await engine.check_health()
+        except Exception as exc:  # broad on purpose: any failure is a NOT_READY check
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message=f"vLLM: {exc!r}")]
+        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="vLLM engine core running")]
+
+    async def load(self) -> pb.LoadInfo:
+        """Running, waiting and KV usage per data-parallel rank from vLLM's scheduler stats."""
+        if self._engine is None or not self._stats_enabled or self._features is None:
+            return pb.LoadInfo()
+        config = self._engine.vllm_config
+        ranks = list(getattr(self._engine.engine_core, "engine_ranks_managed", ())) or [self._dp_rank]
+        blocks = capabilities.blocks_per_rank(config, self._features)
+        return capabilities.load_info(self._stats, blocks=blocks, ranks=ranks)
+
+    def kv_event_sources(self) -> list[pb.KvEventSource]:
+        """vLLM's ZMQ KV-event publishers, one per data-parallel rank."""
+        return capabilities.kv_event_sources(self._running().get_kv_event_sources())
+
+    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """vLLM's published KV events, decoded into batches (vLLM's sequence numbers kept)."""
+        sources = self._running().get_kv_event_sources()
+        return subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
+
+    def _running(self) -> Any:
+        if self._engine is None:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the vLLM engine is not running")
+        return self._engine
+
+
+def engine_failure(exc: BaseException) -> EngineFailure:
+    """A vLLM exception raised after acceptance as the contract's terminal failure."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    kind = type(exc).__name__
+    if isinstance(exc, VLLMValidationError):
+        return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, f"vLLM rejected the request: {exc}")
+    if isinstance(exc, EngineDeadError):
+        return EngineFailure(pb.ERROR_CODE_INTERNAL, "the vLLM engine core died")
+    if kind in ("QueueOverflowError", "MaxQueuedTokensError"):
+        return EngineFailure(pb.ERROR_CODE_OVERLOADED, f"vLLM is full: {exc}", retryable=True, retry_after_ms=100)
+    cause = exc.__cause__ or exc
+    return EngineFailure(pb.ERROR_CODE_INTERNAL, f"vLLM failed: {type(cause).__name__}: {cause}")
+
+
+__all__ = ["VllmBackend", "engine_failure"]

@@ -1,0 +1,140 @@
+"""vLLM's ZMQ KV-event stream → ``pb.KvEventBatch``: a SUB socket and a msgpack decoder.
+
+vLLM's ``ZmqEventPublisher`` (one per data-parallel rank) sends three frames per batch: the
+topic, an 8-byte big-endian sequence number (from 0) and a msgpack ``KVEventBatch`` encoded
+array-like as ``[ts, events, data_parallel_rank]``. Events are tagged structs, and vLLM builds
+have encoded them two ways: as maps carrying the tag under ``"type"`` (current releases) and
+as arrays whose first element is the tag followed by the fields in declaration order (earlier
+releases). Both are decoded. Block hashes are bytes (sha256) or 64-bit ints
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+
+vLLM's sequence numbers are kept, plus one: the gateway reads a zero as "number this batch
+for me", and vLLM's first batch is number zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import zmq
+import zmq.asyncio
+from openengine_gateway import pb
+
+_MEDIUMS = {
+    "GPU": pb.STORAGE_MEDIUM_GPU,
+    "CPU": pb.STORAGE_MEDIUM_CPU_PINNED,
+    "DISK": pb.STORAGE_MEDIUM_DISK,
+    "STORAGE": pb.STORAGE_MEDIUM_EXTERNAL,
+}
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllBlocksCleared": ()}
+
+
+def block_hash(value: bytes | int) -> pb.KvBlockHash:
+    """A vLLM block hash: sha256 bytes as they are, an int as 8 big-endian bytes (``int64``)."""
+    if isinstance(value, bytes):
+        return pb.KvBlockHash(value=value, encoding="bytes")
+    return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=value < 0), encoding="int64")
+
+
+def _fields(event: Any) -> tuple[str, dict[str, Any]]:
+    """An event's tag and fields, from either encoding."""
+    if isinstance(event, Mapping):
+        fields = dict(event)
+        return str(fields.pop("type", "")), fields
+    if isinstance(event, list | tuple) and event:
+        tag = str(event[0])
+        return tag, dict(zip(_FIELDS.get(tag, ()), event[1:], strict=False))
+    raise ValueError(f"unrecognized KV event encoding: {event!r}")
+
+
+def decode_event(event: Any) -> pb.KvEvent:
+    """One vLLM ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
+    tag, fields = _fields(event)
+    medium = _MEDIUMS.get(str(fields.get("medium") or ""), pb.STORAGE_MEDIUM_UNSPECIFIED)
+    if tag == "BlockStored":
+        stored = pb.BlockStored(
+            block_hashes=[block_hash(h) for h in fields["block_hashes"]],
+            token_ids=fields.get("token_ids") or (),
+            block_size=fields.get("block_size") or 0,
+            lora_id=fields.get("lora_id") or 0,
+            lora_name=fields.get("lora_name") or "",
+            medium=medium,
+            group_idx=fields.get("group_idx") or 0,
+            kv_cache_spec_kind=fields.get("kv_cache_spec_kind") or "",
+            kv_cache_spec_sliding_window=fields.get("kv_cache_spec_sliding_window") or 0,
+        )
+        parent = fields.get("parent_block_hash")
+        if parent is not None:
+            stored.parent_block_hash.CopyFrom(block_hash(parent))
+        for keys in fields.get("extra_keys") or ():
+            stored.extra_keys.add(values=[str(key) for key in keys or ()])
+        return pb.KvEvent(block_stored=stored)
+    if tag == "BlockRemoved":
+        removed = pb.BlockRemoved(
+            block_hashes=[block_hash(h) for h in fields["block_hashes"]],
+            medium=medium,
+            group_idx=fields.get("group_idx") or 0,
+        )
+        return pb.KvEvent(block_removed=removed)
+    if tag == "AllBlocksCleared":
+        return pb.KvEvent(all_blocks_cleared=pb.AllBlocksCleared())
+    raise ValueError(f"unknown KV event type {tag!r}")
+
+
+def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.KvEventBatch:
+    """One published batch (``[ts, events, data_parallel_rank]``, or a map of those names)."""
+    raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if isinstance(raw, Mapping):
+        ts, events, rank = raw.get("ts", 0.0), raw.get("events", ()), raw.get("data_parallel_rank")
+    else:
+        ts, events = raw[0], raw[1]
+        rank = raw[2] if len(raw) > 2 else None
+    return pb.KvEventBatch(
+        sequence_number=sequence + 1,
+        timestamp_unix_nanos=int(float(ts) * 1e9),
+        data_parallel_rank=default_rank if rank is None else int(rank),
+        events=[decode_event(event) for event in events],
+    )
+
+
+def connect_address(endpoint: str) -> str:
+    """Where a local subscriber connects for a publisher endpoint (a wildcard means loopback)."""
+    return endpoint.replace("tcp://*:", "tcp://127.0.0.1:").replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+
+
+async def subscribe(sources: Mapping[int, tuple[str, str]]) -> AsyncIterator[pb.KvEventBatch]:
+    """Decoded batches from every rank's publisher (``rank -> (endpoint, topic)``), as they come."""
+    context = zmq.asyncio.Context.instance()
+    socket = context.socket(zmq.SUB)
+    try:
+        for endpoint, topic in sources.values():
+            socket.connect(connect_address(endpoint))
+            socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        default_rank = min(sources, default=0)
+        while True:
+            frames: Sequence[bytes] = await socket.recv_multipart()
+            if len(frames) != 3:
+                continue
+            _, sequence, payload = frames
+            yield decode_batch(payload, int.from_bytes(sequence, "big"), default_rank=default_rank)
+    finally:
+        socket.close(linger=0)
+
+
+__all__ = ["block_hash", "connect_address", "decode_batch", "decode_event", "subscribe"]

@@ -1,0 +1,1 @@
+"""Mapping tests of the vLLM driver: no vLLM needed."""

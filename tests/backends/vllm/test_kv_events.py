@@ -1,0 +1,98 @@
+"""vLLM's ZMQ/msgpack KV event batches → ``KvEventBatch``, in both event encodings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+from openengine_backends.vllm.kv_events import block_hash, connect_address, decode_batch, subscribe
+from openengine_gateway import pb
+
+H1, H2 = b"\x01" * 32, b"\x02" * 32
+STORED_FIELDS = {
+    "block_hashes": [H2],
+    "parent_block_hash": H1,
+    "token_ids": [5, 6, 7, 8],
+    "block_size": 4,
+    "lora_id": None,
+    "medium": "GPU",
+    "lora_name": "ad",
+    "extra_keys": [["ad", "salt"]],
+    "group_idx": 1,
+    "kv_cache_spec_kind": "full_attention",
+}
+
+
+def map_form() -> bytes:
+    """As vLLM 0.32 encodes: the batch array-like, events tagged maps."""
+    events = [
+        {"type": "BlockStored", **STORED_FIELDS},
+        {"type": "BlockRemoved", "block_hashes": [H1], "medium": "CPU"},
+        {"type": "AllBlocksCleared"},
+    ]
+    return msgpack.packb([1.5, events, 2])
+
+
+def array_form() -> bytes:
+    """As earlier vLLM builds encode: events array-like, tag first, fields in order."""
+    stored = ["BlockStored", [H2], H1, [5, 6, 7, 8], 4, None, "GPU", "ad", [["ad", "salt"]], 1, "full_attention"]
+    return msgpack.packb([1.5, [stored, ["BlockRemoved", [H1], "CPU"], ["AllBlocksCleared"]], 2])
+
+
+@pytest.mark.parametrize("payload", [map_form(), array_form()], ids=["map", "array"])
+def test_both_encodings_decode_alike(payload: bytes) -> None:
+    batch = decode_batch(payload, 0)
+    assert batch.sequence_number == 1, "vLLM numbers from 0; zero would ask the gateway to renumber"
+    assert batch.timestamp_unix_nanos == 1_500_000_000 and batch.data_parallel_rank == 2
+    stored, removed, cleared = batch.events
+    assert stored.block_stored == pb.BlockStored(
+        block_hashes=[pb.KvBlockHash(value=H2, encoding="bytes")],
+        parent_block_hash=pb.KvBlockHash(value=H1, encoding="bytes"),
+        token_ids=[5, 6, 7, 8],
+        block_size=4,
+        lora_name="ad",
+        medium=pb.STORAGE_MEDIUM_GPU,
+        extra_keys=[pb.OpaqueKeyTuple(values=["ad", "salt"])],
+        group_idx=1,
+        kv_cache_spec_kind="full_attention",
+    )
+    assert removed.block_removed.medium == pb.STORAGE_MEDIUM_CPU_PINNED
+    assert cleared.HasField("all_blocks_cleared")
+
+
+def test_int_hashes_and_a_missing_rank() -> None:
+    assert block_hash(2**63 + 1) == pb.KvBlockHash(value=(2**63 + 1).to_bytes(8, "big"), encoding="int64")
+    assert block_hash(-2).value == (-2).to_bytes(8, "big", signed=True)
+    batch = decode_batch(msgpack.packb([0.0, [{"type": "AllBlocksCleared"}]]), 41, default_rank=3)
+    assert batch.sequence_number == 42 and batch.data_parallel_rank == 3
+
+
+def test_unknown_events_are_errors() -> None:
+    with pytest.raises(ValueError, match="unknown KV event"):
+        decode_batch(msgpack.packb([0.0, [{"type": "Mystery"}], 0]), 0)
+
+
+def test_wildcard_endpoints_are_reached_on_loopback() -> None:
+    assert connect_address("tcp://*:5557") == "tcp://127.0.0.1:5557"
+    assert connect_address("tcp://10.1.2.3:5557") == "tcp://10.1.2.3:5557"
+
+
+async def test_subscribe_reads_a_live_publisher() -> None:
+    publisher = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    port = publisher.bind_to_random_port("tcp://127.0.0.1")
+    batches = subscribe({0: (f"tcp://*:{port}", "kv")})
+    try:
+        first = asyncio.ensure_future(anext(batches))
+        for _ in range(100):  # a SUB socket joins asynchronously: publish until it is heard
+            await publisher.send_multipart([b"kv", (7).to_bytes(8, "big"), map_form()])
+            done, _ = await asyncio.wait({first}, timeout=0.05)
+            if done:
+                break
+        batch = await first
+        assert batch.sequence_number == 8 and len(batch.events) == 3
+    finally:
+        await batches.aclose()
+        publisher.close(linger=0)

@@ -1,0 +1,1 @@
+"""Tests that run real inference engines, marked by engine."""

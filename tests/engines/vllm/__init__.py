@@ -1,0 +1,1 @@
+"""The vLLM driver against a real vLLM engine (CPU build in CI)."""

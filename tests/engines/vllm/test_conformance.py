@@ -1,0 +1,36 @@
+"""The gateway's conformance checks (the contract rules that apply to a real engine) on vLLM.
+
+Rules a vLLM engine does not advertise report not-applicable and are skipped; disruptive rules
+(a Drain that stops admission) are left out, since the session's one engine serves every test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("openengine_gateway.conformance.checks")
+
+from openengine_gateway.client import OpenEngineClient
+from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
+from openengine_gateway.conformance.testing import assert_conforms
+from openengine_gateway.testing import RunningGateway
+
+from .conftest import MODEL
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+async def target(gateway: RunningGateway) -> AsyncIterator[Target]:
+    """The session's vLLM engine as a conformance target."""
+    client = await OpenEngineClient.connect(gateway.address)
+    async with client:
+        yield await Target.open(client, MODEL)
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda rule: rule.id)
+async def test_rule(target: Target, rule: Rule) -> None:
+    assert_conforms(await run_rule(rule, target))

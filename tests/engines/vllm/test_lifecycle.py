@@ -1,0 +1,176 @@
+"""Discovery, rejection before acceptance, abort, cancellation, health and load on real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+pytest.importorskip("vllm")
+
+from openengine_gateway import pb
+from openengine_gateway.testing import RunningGateway
+
+from .conftest import MODEL, collect, finished, generate_request, tokens
+
+pytestmark = pytest.mark.vllm
+
+LONG = pb.StoppingOptions(max_tokens=400, ignore_eos=True)
+
+
+async def test_discovery_reports_the_started_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
+    engine = await stub.GetEngineInfo(pb.GetEngineInfoRequest())
+    assert (engine.engine_name, engine.engine_version) == ("vllm", "0.32.0")
+    assert engine.role == pb.ENGINE_ROLE_AGGREGATED and engine.parallelism.data_parallel_size == 1
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+    assert info.max_context_length == 512 and info.kv_block_size == 32
+    assert info.total_kv_blocks > 0 and info.max_running_requests > 0 and info.max_batched_tokens > 0
+    assert info.supports_lora and info.generation.supports_priority
+    assert pb.GUIDED_DECODING_MODE_JSON_OBJECT in info.generation.guided_decoding.modes
+    assert pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL in info.generation.output_logprobs.candidate_selection_modes
+    prompt_modes = info.generation.prompt_logprobs.candidate_selection_modes
+    v2 = engine_backend(gateway)._engine.vllm_config.use_v2_model_runner  # type: ignore[attr-defined]
+    assert (pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS in prompt_modes) == v2, "runner V2 (GPU) only"
+    assert info.HasField("supports_multimodal") and not info.supports_multimodal
+    assert not info.HasField("tasks"), "a generate-runner engine serves no pooling task"
+
+
+async def expect_status(call: object, code: grpc.StatusCode, match: str = "") -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await call  # type: ignore[misc]
+    assert error.value.code() == code, error.value.details()
+    assert match in (error.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"prompt": "x" * 600}, "context"),
+        ({"prompt": [0, 1, 2], "stopping": pb.StoppingOptions(max_tokens=510)}, "exceeds the context"),
+        ({"prompt": [0, 9999]}, "vocabulary"),
+        ({"prompt": "hi", "guided": pb.GuidedDecoding(regex="a", backend="outlines")}, "per engine"),
+        ({"prompt": "hi", "sampling": pb.SamplingParams(temperature=0.0, num_sequences=2)}, "temperature"),
+        (
+            {
+                "prompt": "hi",
+                "response": pb.ResponseOptions(
+                    prompt_candidates=pb.CandidateTokenSelection(token_ids=pb.TokenIds(ids=[3]))
+                ),
+            },
+            "token_ids",
+        ),
+        ({"prompt": "hi", "media": [pb.MediaItem(url="https://example.invalid/a.png")]}, "multimodal"),
+        ({"prompt": "hi", "lora_name": "missing"}, ""),
+    ],
+    ids=["prompt-too-long", "budget", "vocab", "backend", "greedy-n", "prompt-ids", "media", "lora"],
+)
+async def test_what_the_engine_cannot_take_is_rejected_before_acceptance(
+    gateway: RunningGateway, stub: pb.OpenEngineStub, fields: dict[str, object], match: str
+) -> None:
+    fields = dict(fields)
+    if "response" in fields and engine_backend(gateway)._engine.vllm_config.use_v2_model_runner:  # type: ignore[attr-defined]
+        pytest.skip("model runner V2 scores prompt candidate ids")
+    prompt = fields.pop("prompt")
+    request = generate_request("rejected", prompt=prompt, **fields)  # type: ignore[arg-type]
+    code = grpc.StatusCode.NOT_FOUND if "lora_name" in fields else grpc.StatusCode.INVALID_ARGUMENT
+    await expect_status(collect(stub, request), code, match)
+
+
+async def wait_for(predicate: object, within: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def engine_backend(gateway: RunningGateway) -> object:
+    """The driver behind the session's gateway."""
+    return next(iter(gateway.gateway.engines)).backend
+
+
+def engine_requests(gateway: RunningGateway) -> int:
+    """Requests vLLM's frontend still tracks."""
+    return int(engine_backend(gateway)._engine.get_num_unfinished_requests())  # type: ignore[attr-defined]
+
+
+async def test_abort_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
+    call = stub.Generate(generate_request("to-abort", prompt="hello", stopping=LONG))
+    responses = [await call.read()]
+    assert engine_requests(gateway) == 1
+    assert (await stub.Abort(pb.AbortRequest(request_id="to-abort"))).status == pb.ABORT_STATUS_ABORTED
+    while (response := await call.read()) is not grpc.aio.EOF:
+        responses.append(response)
+    assert finished(responses)[0].reason == pb.FINISH_REASON_CANCELLED
+    assert len(tokens(responses)) < 400
+
+    async def drained() -> bool:
+        return engine_requests(gateway) == 0
+
+    await wait_for(drained)
+
+
+async def test_client_cancellation_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
+    call = stub.Generate(generate_request("to-cancel", prompt="hello", stopping=LONG))
+    await call.read()
+    assert engine_requests(gateway) == 1
+    call.cancel()
+
+    async def drained() -> bool:
+        return engine_requests(gateway) == 0
+
+    await wait_for(drained)
+
+
+async def test_load_counts_running_requests_and_kv_blocks(stub: pb.OpenEngineStub) -> None:
+    stopping = pb.StoppingOptions(max_tokens=300, ignore_eos=True)
+    call = stub.Generate(generate_request("loaded", prompt="hello " * 40, stopping=stopping))
+    await call.read()
+
+    async def busy() -> bool:
+        load = await stub.GetLoad(pb.GetLoadRequest(include_per_rank=True))
+        return load.running_requests == 1 and load.used_kv_blocks >= 1
+
+    await wait_for(busy)
+    load = await stub.GetLoad(pb.GetLoadRequest(include_per_rank=True))
+    assert load.ranks[0].data_parallel_rank == 0 and load.ranks[0].total_kv_blocks == load.total_kv_blocks
+    call.cancel()
+
+    async def idle() -> bool:
+        load = await stub.GetLoad(pb.GetLoadRequest())
+        return load.running_requests == 0 and load.queued_requests == 0
+
+    await wait_for(idle)
+
+
+async def test_health_with_an_inference_probe(stub: pb.OpenEngineStub) -> None:
+    health = await stub.Health(pb.HealthRequest(include_inference_probe=True, role=pb.ENGINE_ROLE_AGGREGATED))
+    assert health.state == pb.HEALTH_STATE_READY
+    assert {c.name: c.state for c in health.checks}["inference_probe"] == pb.HEALTH_STATE_READY
+
+
+async def test_an_abort_after_the_end_is_already_finished(stub: pb.OpenEngineStub) -> None:
+    await collect(stub, generate_request("short", prompt="hi", stopping=pb.StoppingOptions(max_tokens=1)))
+    assert (await stub.Abort(pb.AbortRequest(request_id="short"))).status == pb.ABORT_STATUS_ALREADY_FINISHED
+
+
+def test_command_line_strings_become_engine_arguments() -> None:
+    from openengine_backends.vllm import VllmSettings
+    from openengine_backends.vllm.engine_args import engine_kwargs
+    from openengine_gateway.cli import parse_driver_flags
+    from openengine_gateway.config import ConfigError
+
+    flags = ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32", "--max-logprobs", "-1"]
+    flags += ["--enable-prefix-caching", "false", "--kv-events-config", '{"enable_kv_cache_events": true}']
+    settings = VllmSettings(model="/m", **parse_driver_flags(flags))
+    kwargs = engine_kwargs(settings.engine_options)
+    assert kwargs["max_model_len"] == 512 and kwargs["max_logprobs"] == -1 and kwargs["dtype"] == "float32"
+    assert kwargs["enforce_eager"] is True and kwargs["enable_prefix_caching"] is False
+    assert kwargs["kv_events_config"].enable_kv_cache_events is True
+    with pytest.raises(ConfigError, match="unknown engine arguments: max_modle_len"):
+        engine_kwargs({"max_modle_len": "512"})
+    with pytest.raises(ConfigError, match="enforce_eager takes true or false"):
+        engine_kwargs({"enforce_eager": "maybe"})
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        engine_kwargs({"max_num_seqs": "many"})
