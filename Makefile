@@ -18,8 +18,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip uninstall -y -q $(CUDA_ONLY) 2>/dev/null || true
 	touch $@
 
-serve: install
-	$(BIN)/openengine-gateway
+TINY_MODEL := .models/tiny-llama
+
+serve: install $(TINY_MODEL)/config.json
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/openengine-gateway
+
+# A tiny Llama built offline (random weights, fixed seed, tokenizer trained locally).
+$(TINY_MODEL)/config.json: | install
+	$(BIN)/python -m openengine_backends.vllm.tiny_model $(TINY_MODEL)
 
 test: install
 	$(BIN)/ruff check .
