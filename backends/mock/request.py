@@ -7,8 +7,9 @@ token's record and its newly completed text, then, when the output ends, the
 
 Stop rules: ``completion_tokens`` counts every sampled token. EOS stays in the token records
 but never has text. ``include_stop_in_output`` decides whether a matched caller stop token
-(its record and its text) or stop string (its text) remains in the emitted output. Before ``min_tokens`` tokens exist, EOS and stop tokens are
-banned from sampling and stop strings are not matched. Logprobs are the model's raw
+(its record and its text) or stop string (its text) remains in the emitted output. Before
+``min_tokens`` tokens exist, EOS and stop tokens are banned from sampling and stop strings
+are not matched. Logprobs are the model's raw
 distribution, before temperature and penalties.
 """
 
