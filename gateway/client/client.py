@@ -118,15 +118,23 @@ class OpenEngineClient:
         root_certificates: bytes | None = None,
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
+        tls: bool = False,
         check_compatibility: bool = True,
         timeout_s: float = 10.0,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> OpenEngineClient:
-        """Open a channel (TLS when any certificate is given) and check compatibility."""
-        if root_certificates or certificate_chain:
+        """Open a channel and check compatibility.
+
+        TLS when ``tls`` is set or any certificate is given (the system's roots without
+        ``root_certificates``). ``channel_options`` are gRPC channel arguments, such as
+        ``("grpc.max_receive_message_length", n)``.
+        """
+        options = list(channel_options)
+        if tls or root_certificates or certificate_chain:
             credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            channel = grpc.aio.secure_channel(target, credentials)
+            channel = grpc.aio.secure_channel(target, credentials, options=options)
         else:
-            channel = grpc.aio.insecure_channel(target)
+            channel = grpc.aio.insecure_channel(target, options=options)
         client = cls(channel, token=token)
         try:
             client.engine_info = await client.get_engine_info(timeout_s=timeout_s)
@@ -136,6 +144,11 @@ class OpenEngineClient:
             await channel.close()
             raise
         return client
+
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """What every call sends (the bearer token), for calls made on ``stub`` directly."""
+        return self._metadata
 
     async def close(self) -> None:
         """Close the channel."""

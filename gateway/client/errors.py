@@ -42,9 +42,19 @@ class EngineErrorEvent(ClientError):
         self.error = error
 
     @property
+    def code(self) -> int:
+        """The ``ErrorCode``."""
+        return self.error.code
+
+    @property
     def retryable(self) -> bool:
         """Whether the unchanged operation can succeed on retry."""
         return self.error.retryable
+
+    @property
+    def retry_after_ms(self) -> int | None:
+        """The recommended minimum delay before a retry, when the server gave one."""
+        return self.error.retry_after_ms if self.error.HasField("retry_after_ms") else None
 
 
 class IncompatibleServer(ClientError):

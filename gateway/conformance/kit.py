@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 
 from .. import pb
 from ..client import OpenEngineClient, StatusError
+from .observe import CheckFailed, OpenCall, Stream
 
-
-class CheckFailed(AssertionError):
-    """The server broke the rule; the message says how."""
+_PROMPT_ALLOWANCE = 64
+"""Tokens a check's short text prompt may take, kept free of the context when sizing outputs."""
 
 
 class NotApplicable(Exception):
@@ -50,6 +51,7 @@ class Target:
     model_info: pb.ModelInfo
     timeout_s: float = 60.0
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _greedy: dict[int, Stream] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, client: OpenEngineClient, model: str = "", *, timeout_s: float = 60.0) -> Target:
@@ -62,7 +64,7 @@ class Target:
         return cls(client, info, model, await client.model_info(model), timeout_s)
 
     @property
-    def role(self) -> int:
+    def role(self) -> pb.EngineRole.ValueType:
         """The engine's role."""
         return self.engine_info.role
 
@@ -71,33 +73,86 @@ class Target:
         return f"conformance-{label}-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
 
     def prompt(self, **options: object) -> pb.GenerateRequest:
-        """A valid generation request for the model: text when accepted, else token ids."""
+        """A valid generation request for the model: text when accepted, else token ids.
+
+        ``options`` name fields of the request's option groups (``max_tokens``, ``temperature``...)
+        or its own scalar fields (``priority``, ``lora_name``).
+        """
         request = pb.GenerateRequest(request_id=self.request_id("gen"), model=self.model)
         info = self.model_info
         if not info.HasField("supports_text_input") or info.supports_text_input:
             request.prompt = "The quick brown fox jumps over the lazy dog."
         else:
             request.token_ids.ids.extend([1, 2, 3, 4, 5, 6, 7, 8])
+        groups = (request.sampling, request.stopping, request.response, request.kv, request)
         for name, value in options.items():
-            group = next(
-                (
-                    g
-                    for g in (request.sampling, request.stopping, request.response, request.kv)
-                    if name in g.DESCRIPTOR.fields_by_name
-                ),
-                None,
-            )
-            if group is None:
+            group = next((g for g in groups if name in g.DESCRIPTOR.fields_by_name), None)
+            if group is None or name in ("request_id", "model", "prompt"):
                 raise TypeError(f"unknown generation option {name!r}")
             setattr(group, name, value)
         return request
+
+    def token_prompt(self, **options: object) -> pb.GenerateRequest:
+        """``prompt`` with a token-id prompt (``NotApplicable`` when token ids are not accepted)."""
+        info = self.model_info
+        self.require(not info.HasField("supports_token_ids_input") or info.supports_token_ids_input, "token-id prompts")
+        request = self.prompt(**options)
+        request.token_ids.CopyFrom(pb.TokenIds(ids=[1, 2, 3, 4, 5, 6, 7, 8]))
+        return request
+
+    def fresh_prompt(self, **options: object) -> pb.GenerateRequest:
+        """``prompt`` with a prompt nobody sent before that spans several KV blocks (for prefix-cache
+        and KV-event checks)."""
+        info = self.model_info
+        block = info.kv_block_size if info.HasField("kv_block_size") else 16
+        request = self.prompt(**options)
+        if request.HasField("prompt"):
+            request.prompt = " ".join(secrets.token_hex(3) for _ in range(block))
+        else:
+            start = secrets.randbelow(200)
+            request.token_ids.CopyFrom(pb.TokenIds(ids=[1 + (start + n) % 200 for n in range(3 * block)]))
+        return request
+
+    def long_request(self, **options: object) -> pb.GenerateRequest:
+        """A request that keeps the engine busy for many steps (to abort, cancel or drain it)."""
+        info = self.model_info
+        budget = 1024
+        if info.HasField("max_output_tokens"):
+            budget = min(budget, info.max_output_tokens)
+        if info.HasField("max_context_length"):
+            budget = min(budget, info.max_context_length - _PROMPT_ALLOWANCE)
+        return self.prompt(max_tokens=max(budget, 1), ignore_eos=True, **options)
+
+    async def run(self, request: pb.GenerateRequest) -> Stream:
+        """Run a Generate call to its end (a non-OK status raises ``StatusError``)."""
+        return Stream(request, await self.collect(request))
+
+    def open_call(self, request: pb.GenerateRequest) -> OpenCall:
+        """Start a Generate call that the check reads at its own pace."""
+        return OpenCall(self.client, request, self.timeout_s)
+
+    async def greedy(self, max_tokens: int = 16) -> Stream:
+        """The model's greedy continuation of ``prompt()`` (EOS ignored), run once per length.
+
+        Checks derive their triggers (stop tokens, stop strings, candidate ids) from it, so
+        they assume nothing about the model's vocabulary or text.
+        """
+        stream = self._greedy.get(max_tokens)
+        if stream is None:
+            request = self.prompt(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            stream = self._greedy[max_tokens] = (await self.run(request)).succeeded()
+        return stream
+
+    def require_generation(self) -> None:
+        """``NotApplicable`` unless plain Generate requests run here (an aggregated engine)."""
+        self.require_role(pb.ENGINE_ROLE_AGGREGATED)
 
     def require(self, condition: bool, what: str) -> None:
         """``NotApplicable`` unless the server advertises ``what``."""
         if not condition:
             raise NotApplicable(f"the server does not advertise {what}")
 
-    def require_role(self, *roles: int) -> None:
+    def require_role(self, *roles: pb.EngineRole.ValueType) -> None:
         """``NotApplicable`` unless the engine has one of ``roles``."""
         if self.role not in roles:
             names = ", ".join(pb.EngineRole.Name(r) for r in roles)
@@ -106,6 +161,26 @@ class Target:
     async def collect(self, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
         """Every response of a Generate call (a non-OK status raises ``StatusError``)."""
         return [m async for m in self.client.stream(request, timeout_s=self.timeout_s)]
+
+    async def expect_rejected(self, request: pb.GenerateRequest, *codes: object, what: str) -> StatusError:
+        """Require a Generate call to end with a non-OK status (among ``codes``, when given)
+        before any response event: a rejection before acceptance has no response event."""
+        messages: list[pb.GenerateResponse] = []
+        expected = " or ".join(getattr(c, "name", str(c)) for c in codes) or "a non-OK status"
+        try:
+            async for message in self.client.stream(request, timeout_s=self.timeout_s):
+                messages.append(message)
+        except StatusError as error:
+            if messages:
+                raise CheckFailed(
+                    f"{what}: {len(messages)} response events preceded the {error.code.name} status; "
+                    "a rejection before acceptance has no response event"
+                ) from None
+            if codes and error.code not in codes:
+                raise CheckFailed(f"{what}: expected {expected}, got {error.code.name}: {error.details}") from None
+            return error
+        kinds = [m.WhichOneof("event") for m in messages]
+        raise CheckFailed(f"{what}: expected {expected}, but the request was accepted (events {kinds})")
 
     async def expect_status(self, call: Awaitable[object], *codes: object, what: str) -> StatusError:
         """Await ``call`` and require a non-OK status among ``codes``."""
@@ -196,9 +271,11 @@ __all__ = [
     "Check",
     "CheckFailed",
     "NotApplicable",
+    "OpenCall",
     "Outcome",
     "Result",
     "Rule",
+    "Stream",
     "Target",
     "all_rules",
     "rule",

@@ -1,3 +1,21 @@
 """Every conformance check, by contract area; importing this package registers them."""
 
-from . import discovery, generation  # noqa: F401
+from . import (  # noqa: F401
+    abort,
+    classify,
+    discovery,
+    drain,
+    embed,
+    errors,
+    generation,
+    guided,
+    health,
+    kv,
+    logprobs,
+    lora,
+    options,
+    runtime_events,
+    score,
+    stopping,
+    tasks,
+)

@@ -1,0 +1,152 @@
+"""Stop tokens, stop strings, include_stop_in_output and max_tokens, with triggers taken from
+the model's own greedy output (so nothing about its vocabulary is assumed)."""
+
+from __future__ import annotations
+
+import grpc
+
+from ... import pb
+from ..kit import CheckFailed, NotApplicable, Target, rule
+from ..observe import Stream, advertised
+
+SECTION = "Generation API"
+_STOP = (
+    "When FinishReason is STOP, stop_match identifies the matched caller stop token, stop string, or model EOS token."
+)
+_INCLUDE = (
+    "include_stop_in_output controls whether a matched caller-supplied stop token or string remains in emitted output."
+)
+_LENGTH = 16
+
+
+async def _stop_token(target: Target) -> tuple[int, list[int]]:
+    """A token the greedy output reaches after a few others, and the tokens before it."""
+    greedy = await target.greedy(_LENGTH)
+    ids = greedy.token_ids()
+    tokens = greedy.tokens()
+    with_text = any(info.token for info in tokens)  # token text may be reported only with logprobs
+    candidates = [
+        (position, info.token_id)
+        for position, info in enumerate(tokens)
+        if info.token_id not in ids[:position] and (info.token.strip() or not with_text)
+    ]
+    if not candidates:
+        raise NotApplicable("the greedy output has no distinct token to stop on")
+    position, token = max(candidates, key=lambda c: min(c[0], 2))  # a few tokens in, where possible
+    return token, ids[:position]
+
+
+async def _stop_text(target: Target) -> tuple[str, str]:
+    """A short string the greedy text reaches after a few characters, and the text before it."""
+    text = (await target.greedy(_LENGTH)).text()
+    starts = [
+        start
+        for start in range(len(text) - 1)
+        if (stop := text[start : start + 2]).strip() and "\ufffd" not in text[: start + 2] and text.find(stop) == start
+    ]
+    if not starts:
+        raise NotApplicable("the greedy text has no usable stop string")
+    start = max(starts, key=lambda s: min(s, 2))  # a few characters in, where possible
+    return text[start : start + 2], text[:start]
+
+
+def _stopped(stream: Stream, field: str, value: object) -> None:
+    finished = stream.succeeded().finished()
+    if finished.reason != pb.FINISH_REASON_STOP:
+        raise CheckFailed(f"the output finished {pb.FinishReason.Name(finished.reason)}, expected STOP on {value!r}")
+    match = finished.stop_match
+    if match.WhichOneof("match") != field or getattr(match, field) != value:
+        raise CheckFailed(f"stop_match is {match} , expected {field} = {value!r}")
+
+
+def _supports_include(target: Target) -> bool:
+    generation = target.model_info.generation
+    return advertised(generation, "supports_stop_in_output")
+
+
+@rule("stopping.stop-token", SECTION, _STOP)
+async def stop_token(target: Target) -> None:
+    target.require_generation()
+    token, before = await _stop_token(target)
+    request = target.prompt(temperature=0.0, max_tokens=_LENGTH, ignore_eos=True)
+    request.stopping.conditions.add(stop_token_id=token)
+    stream = await target.run(request)
+    _stopped(stream, "stop_token_id", token)
+    if stream.token_ids() not in (before, [*before, token]):
+        raise CheckFailed(f"tokens {stream.token_ids()} are not the greedy tokens up to the stop token {token}")
+
+
+@rule("stopping.stop-text", SECTION, _STOP)
+async def stop_text(target: Target) -> None:
+    target.require_generation()
+    stop, before = await _stop_text(target)
+    request = target.prompt(temperature=0.0, max_tokens=_LENGTH, ignore_eos=True)
+    request.stopping.conditions.add(stop_text=stop)
+    stream = await target.run(request)
+    _stopped(stream, "stop_text", stop)
+    if stream.text() not in (before, before + stop):
+        raise CheckFailed(f"text {stream.text()!r} is not the greedy text up to the stop string {stop!r}")
+
+
+@rule("stopping.include-stop-token", SECTION, _INCLUDE)
+async def include_stop_token(target: Target) -> None:
+    target.require_generation()
+    target.require(_supports_include(target), "supports_stop_in_output")
+    token, before = await _stop_token(target)
+    for include, expected in ((False, before), (True, [*before, token])):
+        request = target.prompt(temperature=0.0, max_tokens=_LENGTH, ignore_eos=True, include_stop_in_output=include)
+        request.stopping.conditions.add(stop_token_id=token)
+        stream = await target.run(request)
+        _stopped(stream, "stop_token_id", token)
+        if stream.token_ids() != expected:
+            raise CheckFailed(f"include_stop_in_output={include}: tokens {stream.token_ids()}, expected {expected}")
+
+
+@rule("stopping.include-stop-text", SECTION, _INCLUDE)
+async def include_stop_text(target: Target) -> None:
+    target.require_generation()
+    target.require(_supports_include(target), "supports_stop_in_output")
+    stop, before = await _stop_text(target)
+    for include, expected in ((False, before), (True, before + stop)):
+        request = target.prompt(temperature=0.0, max_tokens=_LENGTH, ignore_eos=True, include_stop_in_output=include)
+        request.stopping.conditions.add(stop_text=stop)
+        stream = await target.run(request)
+        _stopped(stream, "stop_text", stop)
+        if stream.text() != expected:
+            raise CheckFailed(f"include_stop_in_output={include}: text {stream.text()!r}, expected {expected!r}")
+
+
+@rule(
+    "stopping.include-unadvertised",
+    SECTION,
+    "The remaining generation fields advertise support and limits for the corresponding request options "
+    "(supports_stop_in_output for include_stop_in_output).",
+)
+async def include_unadvertised(target: Target) -> None:
+    target.require_generation()
+    target.require(not _supports_include(target), "a model without supports_stop_in_output")
+    request = target.prompt(max_tokens=1, include_stop_in_output=True)
+    await target.expect_rejected(
+        request, grpc.StatusCode.INVALID_ARGUMENT, what="include_stop_in_output on a model that does not advertise it"
+    )
+
+
+@rule(
+    "stopping.max-tokens",
+    SECTION,
+    "StoppingOptions.max_tokens bounds each output: with EOS ignored an output ends with FINISH_REASON_LENGTH "
+    "after exactly max_tokens tokens.",
+)
+async def max_tokens(target: Target) -> None:
+    target.require_generation()
+    stream = (await target.run(target.prompt(max_tokens=5, ignore_eos=True))).succeeded()
+    finished = stream.finished()
+    if finished.reason != pb.FINISH_REASON_LENGTH or len(stream.tokens()) != 5:
+        raise CheckFailed(
+            f"max_tokens=5: {len(stream.tokens())} tokens, finished {pb.FinishReason.Name(finished.reason)}"
+        )
+    if finished.HasField("stop_match"):
+        raise CheckFailed("a LENGTH finish carries a stop_match")
+
+
+__all__: list[str] = []
