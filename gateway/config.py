@@ -27,7 +27,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,7 +54,12 @@ class GatewaySection(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
     advertise_host: str | None = None
-    max_in_flight: int | None = Field(default=None, gt=0)
+    max_in_flight: int | None = Field(default=4096, gt=0)
+    max_subscriptions: int | None = Field(default=1024, gt=0)
+    max_prompt_chars: int | None = Field(default=None, gt=0)
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    max_task_items: int | None = Field(default=None, gt=0)
+    health_poll_s: float = Field(default=1.0, gt=0)
     finished_window: int = Field(default=65536, gt=0)
     kv_replay_batches: int = Field(default=4096, gt=0)
     subscriber_queue: int = Field(default=1024, gt=0)
@@ -62,6 +67,14 @@ class GatewaySection(_Strict):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     lora_roots: list[str] = []
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    auth_token_file: Path | None = None
+    control_token_file: Path | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str | None = None
+    log_format: Literal["text", "json"] = "text"
 
 
 class EngineSection(_Strict):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from . import pb
 from .contract.capabilities import check_model_info
+from .contract.ranks import RankSpan, shared_spans
 from .errors import InvalidArgument, NotFound
 from .spi.backend import Backend, EngineFacts
 
@@ -31,6 +32,8 @@ class Engine:
     backend: Backend
     facts: EngineFacts
     model_info: pb.ModelInfo = field(init=False)
+    ranks: RankSpan = field(init=False)
+    """The engine's place in the endpoint's data-parallel rank space (set by ``EngineSet``)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -43,11 +46,12 @@ class Engine:
         del info.served_model_aliases[:]
         info.served_model_aliases.extend(self.aliases)
         self.model_info = info
+        self.ranks = RankSpan.of(self.facts.parallelism)
         if not self.facts.instance_id:
             self.facts.instance_id = uuid.uuid4().hex
 
     @property
-    def role(self) -> int:
+    def role(self) -> pb.EngineRole.ValueType:
         """The engine's ``EngineRole``."""
         return self.facts.role
 
@@ -58,7 +62,11 @@ class Engine:
 
 
 class EngineSet:
-    """Every served engine, with routing by model name."""
+    """Every served engine, with routing by model name and one data-parallel rank space.
+
+    Several engines take consecutive blocks of the endpoint's ranks in configuration order
+    (``contract.ranks``), so KV events, per-rank load and request ranks stay attributable.
+    """
 
     def __init__(self, engines: Sequence[Engine]) -> None:
         if not engines:
@@ -72,6 +80,9 @@ class EngineSet:
                 if name in self._by_name:
                     raise ConfigurationError(f"model name {name!r} is served twice")
                 self._by_name[name] = engine
+        spans = shared_spans([engine.facts.parallelism for engine in self._engines])
+        for engine, span in zip(self._engines, spans, strict=True):
+            engine.ranks = span
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(self._engines)

@@ -141,7 +141,7 @@ class EngineFailure(GatewayError):
 
     def __init__(
         self,
-        code: int,
+        code: pb.ErrorCode.ValueType,
         message: str,
         *,
         retryable: bool = False,

@@ -71,6 +71,7 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     def on_failure(_manager: object, entry_point: EntryPoint, error: BaseException) -> None:
         failures.append((entry_point, error))
 
+    manager: DriverManager[object] | None
     try:
         manager = DriverManager(GROUP, name, invoke_on_load=False, on_load_failure_callback=on_failure)
     except MultipleMatches:

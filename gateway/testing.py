@@ -11,6 +11,7 @@ gives access to the core (registry, hubs) for assertions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -48,24 +49,35 @@ async def serve_backends(
     *,
     options: GatewayOptions = GatewayOptions(),
     host: str = "127.0.0.1",
+    server_options: ServerOptions | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """Start ``(served_name, backend[, aliases])`` engines and serve them on a free port."""
+    """Start ``(served_name, backend[, aliases])`` engines and serve them on a free port.
+
+    ``server_options`` (its host and port are replaced) turn on TLS, tokens or metrics;
+    ``credentials`` make ``running.stub`` a TLS channel (a plaintext one otherwise).
+    """
     engines: list[Engine] = []
     started: list[Backend] = []  # including one whose facts are then refused
     try:
         for entry in backends:
             name, backend = entry[0], entry[1]
-            aliases = tuple(entry[2]) if len(entry) > 2 else ()  # type: ignore[misc]
+            aliases = tuple(entry[2]) if len(entry) > 2 else ()
             facts = await backend.start()
             started.append(backend)
             engines.append(Engine(name, aliases, backend, facts))
-        server = GatewayServer(Gateway(EngineSet(engines), options), ServerOptions(host=host, port=0))
+        served = dataclasses.replace(server_options or ServerOptions(), host=host, port=0)
+        server = GatewayServer(Gateway(EngineSet(engines), options), served)
         await server.start()
     except BaseException:
         for backend in started:
             await backend.stop()
         raise
-    channel = grpc.aio.insecure_channel(server.address)
+    channel = (
+        grpc.aio.insecure_channel(server.address)
+        if credentials is None
+        else grpc.aio.secure_channel(server.address, credentials)
+    )
     try:
         yield RunningGateway(server, channel, pb.OpenEngineStub(channel))
     finally:

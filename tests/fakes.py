@@ -251,6 +251,16 @@ async def ready(iterator: AsyncIterator[T], limit: int | None = None) -> list[T]
     return items
 
 
+async def eventually(condition: Callable[[], bool], within_s: float = 2.0) -> None:
+    """Wait until ``condition`` holds: state another task or process updates (a subscription opening)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
 async def _next(iterator: AsyncIterator[T]) -> tuple[bool, T | None]:
     try:
         return True, await iterator.__anext__()
@@ -264,6 +274,7 @@ __all__ = [
     "collect",
     "engine",
     "engine_set",
+    "eventually",
     "ready",
     "scripted",
 ]

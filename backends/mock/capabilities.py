@@ -33,8 +33,8 @@ def _logprobs(enabled: bool, max_top_n: int) -> pb.LogprobCapabilities:
     return pb.LogprobCapabilities(supported=True, candidate_selection_modes=_CANDIDATE_MODES, max_top_n=max_top_n)
 
 
-def _input_types(settings: MockSettings) -> list[int]:
-    types = []
+def _input_types(settings: MockSettings) -> list[pb.TaskInputType.ValueType]:
+    types: list[pb.TaskInputType.ValueType] = []
     if settings.enable_text_input:
         types.append(pb.TASK_INPUT_TYPE_TEXT)
     if settings.enable_token_ids_input:

@@ -74,7 +74,7 @@ class Outbox(Generic[T]):
         return self._items.popleft()
 
 
-def runtime_event(kind: pb.RuntimeEventType, **attributes: object) -> pb.RuntimeEvent:
+def runtime_event(kind: pb.RuntimeEventType.ValueType, **attributes: object) -> pb.RuntimeEvent:
     """A runtime event stamped now; attribute values are stringified."""
     return pb.RuntimeEvent(
         timestamp_unix_nanos=time.time_ns(),

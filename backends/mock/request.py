@@ -183,7 +183,7 @@ class MockRequest:
         output: Output,
         record: TokenRecord | None,
         text: str,
-        reason: pb.FinishReason | None = None,
+        reason: pb.FinishReason.ValueType | None = None,
         stop: StopMatch | None = None,
     ) -> None:
         self.stream.put(TokenDelta(output.index, [record] if record is not None else [], text))

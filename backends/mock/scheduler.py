@@ -288,6 +288,7 @@ class EngineCore:
                 if request.prefill_only:
                     self._hand_off(request)
                     continue
+                request.stream.put(request.usage())  # the prompt counts from now on, even if aborted
                 for fork in request.outputs[1:]:
                     fork.computed = output.computed
                     fork.table.hashes = list(output.table.hashes)
@@ -349,7 +350,7 @@ class EngineCore:
         if events and self._kv_events.accepting:
             self._kv_events.put(pb.KvEventBatch(data_parallel_rank=self.rank, events=events))
 
-    def _runtime(self, kind: pb.RuntimeEventType, **attributes: object) -> None:
+    def _runtime(self, kind: pb.RuntimeEventType.ValueType, **attributes: object) -> None:
         if self._runtime_events.accepting:
             self._runtime_events.put(runtime_event(kind, rank=self.rank, **attributes))
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Container, Iterable
+from typing import Literal
 
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 
 from .. import pb
 from ..errors import FailedPrecondition, InvalidArgument
@@ -44,6 +47,9 @@ _CANDIDATE_MODES = {
     "all": pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL,
 }
 
+_FloatSampling = Literal["temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"]
+"""The ``SamplingParams`` fields that are optional floats."""
+
 ROLE_NAMES = {
     pb.ENGINE_ROLE_UNSPECIFIED: "unspecified",
     pb.ENGINE_ROLE_AGGREGATED: "aggregated",
@@ -58,12 +64,13 @@ def new_request_id() -> str:
 
 
 def parse_generate(
-    request: pb.GenerateRequest, *, served_name: str, model: pb.ModelInfo, role: int
+    request: pb.GenerateRequest, *, served_name: str, model: pb.ModelInfo, role: pb.EngineRole.ValueType
 ) -> GenerationRequest:
     """Validate ``request`` for the model ``served_name`` served in ``role``.
 
     Raises ``InvalidArgument`` for malformed input and unadvertised options, and
-    ``FailedPrecondition`` when the request does not fit the engine's role.
+    ``FailedPrecondition`` when the request does not fit the engine's role or names a LoRA adapter on a
+    LoRA-disabled model.
     """
     caps = model.generation
     prompt, prompt_ids = _parse_input(request, model)
@@ -97,7 +104,8 @@ def parse_generate(
     if request.HasField("priority") and not _advertised(caps, "supports_priority"):
         raise InvalidArgument(f"model {served_name!r} does not advertise priority scheduling")
     if request.lora_name and not (model.HasField("supports_lora") and model.supports_lora):
-        raise InvalidArgument(f"model {served_name!r} does not advertise LoRA adapters")
+        # "A LoRA-disabled engine returns FAILED_PRECONDITION", for lora_name as for the lifecycle RPCs.
+        raise FailedPrecondition(f"model {served_name!r} does not advertise LoRA adapters")
     kv = request.kv
     if kv.HasField("cache_salt") and not _advertised(caps, "supports_cache_salt"):
         raise InvalidArgument(f"model {served_name!r} does not advertise cache_salt")
@@ -127,9 +135,9 @@ def parse_generate(
     )
 
 
-def _advertised(message: object, field: str) -> bool:
+def _advertised(message: Message, field: str) -> bool:
     """A boolean capability is advertised only when present and true."""
-    return bool(message.HasField(field) and getattr(message, field))  # type: ignore[attr-defined]
+    return bool(message.HasField(field) and getattr(message, field))
 
 
 def _parse_input(request: pb.GenerateRequest, model: pb.ModelInfo) -> tuple[str | None, list[int] | None]:
@@ -152,7 +160,7 @@ def _parse_input(request: pb.GenerateRequest, model: pb.ModelInfo) -> tuple[str 
     return None, ids
 
 
-def _parse_kv(request: pb.GenerateRequest, model: pb.ModelInfo, role: int) -> KvSession | None:
+def _parse_kv(request: pb.GenerateRequest, model: pb.ModelInfo, role: pb.EngineRole.ValueType) -> KvSession | None:
     kv = request.kv
     has_session = kv.HasField("session")
     if role == pb.ENGINE_ROLE_DECODE and not has_session:
@@ -196,13 +204,13 @@ def kv_session_to_proto(session: KvSession) -> pb.KvSessionRef:
 def _parse_sampling(request: pb.GenerateRequest, caps: pb.GenerationCapabilities) -> Sampling:
     s = request.sampling
 
-    def get(name: str) -> float | None:
+    def get(name: _FloatSampling) -> float | None:
         if not s.HasField(name):
             return None
-        value = getattr(s, name)
-        if isinstance(value, float) and not math.isfinite(value):
+        value: float = getattr(s, name)
+        if not math.isfinite(value):
             raise InvalidArgument(f"sampling.{name} must be finite")
-        return value  # type: ignore[no-any-return]
+        return value
 
     temperature, top_p, min_p = get("temperature"), get("top_p"), get("min_p")
     if temperature is not None and temperature < 0:
@@ -214,7 +222,8 @@ def _parse_sampling(request: pb.GenerateRequest, caps: pb.GenerationCapabilities
     top_k = s.top_k if s.HasField("top_k") else None
     if top_k is not None and top_k < -1:
         raise InvalidArgument("sampling.top_k must be >= 1, or 0 (or -1) for no limit")
-    for name in ("frequency_penalty", "presence_penalty"):
+    penalties: tuple[_FloatSampling, ...] = ("frequency_penalty", "presence_penalty")
+    for name in penalties:
         value = get(name)
         if value is not None and not -2 <= value <= 2:
             raise InvalidArgument(f"sampling.{name} must be in [-2, 2]")
@@ -351,9 +360,14 @@ def _parse_guidance(request: pb.GenerateRequest, caps: pb.GenerationCapabilities
     return Guidance(mode, spec=spec, backend=guided.backend)
 
 
-def parse_media(items: object, model: pb.ModelInfo, *, modalities: object = None) -> tuple[Media, ...]:
+def parse_media(
+    items: Iterable[pb.MediaItem],
+    model: pb.ModelInfo,
+    *,
+    modalities: Container[pb.Modality.ValueType] | None = None,
+) -> tuple[Media, ...]:
     """Validate media items (one source each) for a model that advertises multimodal input."""
-    media = list(items)  # type: ignore[call-overload]
+    media = list(items)
     if not media:
         return ()
     if not (model.HasField("supports_multimodal") and model.supports_multimodal):
@@ -366,7 +380,7 @@ def parse_media(items: object, model: pb.ModelInfo, *, modalities: object = None
         modality = item.modality or pb.MODALITY_IMAGE
         if modality not in pb.Modality.values():
             raise InvalidArgument(f"media[{position}].modality {item.modality} is unknown")
-        if modalities is not None and modality not in modalities:  # type: ignore[operator]
+        if modalities is not None and modality not in modalities:
             raise InvalidArgument(f"media[{position}]: modality {pb.Modality.Name(modality)} is not advertised")
         value = getattr(item, source)
         if not value:

@@ -5,6 +5,12 @@ Every engine's KV event batches pass through one ``KvEventHub``. Per data-parall
 * keeps sequence numbers strictly increasing: an engine's own numbers are kept while they
   increase; a batch without one (zero) gets the next number; a number that goes backwards
   (the engine restarted its publisher) is shifted past the last one delivered;
+* never papers over a gap: an engine number that skips ahead of the engine's previous one
+  means batches were lost (a driver repairs what its engine can replay first; an engine's
+  first number only sets where it starts), so the affected subscribers end with a
+  terminal retryable ``ERROR_CODE_INTERNAL`` whose details name the missing range, and
+  replay restarts after it; resubscribing with a snapshot gets the stored blocks as the
+  received events left them;
 * retains the last ``replay_batches`` batches for ``start_sequence_number`` replay;
 * maintains the set of blocks currently stored (from the events themselves), so a
   subscriber can start from a snapshot instead of a replay;
@@ -17,6 +23,7 @@ carries the sequence number of the last batch it reflects, and live batches foll
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -25,6 +32,8 @@ from dataclasses import dataclass, field
 from .. import pb
 from ..errors import EngineFailure, InvalidArgument, OutOfRange
 from .fanout import Subscriber
+
+log = logging.getLogger(__name__)
 
 _BlockKey = tuple[int, int, bytes]  # (medium, group_idx, hash bytes)
 
@@ -35,6 +44,8 @@ class _Rank:
 
     replay: deque[pb.KvEventBatch]
     last_sequence: int = 0
+    numbered: bool = False
+    """Whether the last batch carried the engine's own number (only then can the next one skip)."""
     offset: int = 0
     evicted_through: int = 0
     stored: OrderedDict[_BlockKey, pb.KvEvent] = field(default_factory=OrderedDict)
@@ -58,6 +69,10 @@ class KvEventHub:
         self._subscriber_queue = subscriber_queue
         self._ranks: dict[int, _Rank] = {r: _Rank(deque(maxlen=replay_batches)) for r in ranks}
         self._subscriptions: set[_Subscription] = set()
+        self.dropped_subscribers = 0
+        """Subscriptions ended for falling behind."""
+        self.gaps = 0
+        """Gaps in an engine's sequence numbers reported to subscribers."""
 
     @property
     def subscriber_count(self) -> int:
@@ -82,6 +97,9 @@ class KvEventHub:
             if number <= rank.last_sequence:
                 rank.offset += rank.last_sequence + 1 - number
                 number = rank.last_sequence + 1
+            elif number > rank.last_sequence + 1 and rank.numbered:
+                self._gap(batch.data_parallel_rank, rank, number)
+        rank.numbered = batch.sequence_number != 0
         batch.sequence_number = number
         rank.last_sequence = number
         if not batch.timestamp_unix_nanos:
@@ -100,6 +118,7 @@ class KvEventHub:
                 subscription.delivered[batch.data_parallel_rank] = number
             elif subscription.queue.overflowed:
                 self._subscriptions.discard(subscription)
+                self.dropped_subscribers += 1
 
     def subscribe(
         self, ranks: Iterable[int], *, include_snapshot: bool, start_sequence_number: int
@@ -148,6 +167,30 @@ class KvEventHub:
                 raise OutOfRange("the replay is longer than one subscriber's queue; resubscribe with include_snapshot")
         self._subscriptions.add(subscription)
         return subscription.queue
+
+    def _gap(self, number: int, rank: _Rank, arrived: int) -> None:
+        """Batches ``rank.last_sequence + 1 .. arrived - 1`` are lost: end who needed them."""
+        first, last = rank.last_sequence + 1, arrived - 1
+        self.gaps += 1
+        rank.replay.clear()
+        rank.evicted_through = last
+        log.warning("KV event batches %d..%d of rank %d were lost by the engine's publisher", first, last, number)
+        failure = EngineFailure(
+            pb.ERROR_CODE_INTERNAL,
+            f"the engine's publisher lost KV event batches {first}..{last} of rank {number}; "
+            "resubscribe with include_snapshot",
+            retryable=True,
+            retry_after_ms=0,
+            details={"reason": "kv_event_gap", "data_parallel_rank": number, "missing_from": first, "missing_to": last},
+        )
+        response = pb.SubscribeKvEventsResponse(error=failure.to_proto())
+        for subscription in list(self._subscriptions):
+            if subscription.ranks is not None and number not in subscription.ranks:
+                continue
+            if last < subscription.start_sequence:
+                continue
+            subscription.queue.close(response)
+            self._subscriptions.discard(subscription)
 
     def unsubscribe(self, queue: Subscriber[pb.SubscribeKvEventsResponse]) -> None:
         """Forget a subscription whose client went away."""

@@ -15,20 +15,23 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import AlreadyExists, ResourceExhausted
+from ..errors import AlreadyExists, EngineFailure, ResourceExhausted
 
 
 @dataclass(slots=True, eq=False)
 class ActiveRequest:
-    """An accepted request. ``stop`` makes it end promptly (the core sets it at admission)."""
+    """An accepted request. ``stop`` makes it end promptly and ``on_failure`` ends it with an
+    engine failure (the core sets both at admission)."""
 
     request_id: str
     kind: str
     model: str
     kv_session_id: str | None = None
-    stop: Callable[[str], None] = field(default=lambda _reason: None)
+    stop: Callable[[str], object] = field(default=lambda _reason: None)
+    on_failure: Callable[[EngineFailure], object] = field(default=lambda _failure: None)
     aborted: bool = False
     abort_reason: str = ""
+    failure: EngineFailure | None = None
 
     def abort(self, reason: str) -> None:
         """Mark aborted and stop it; idempotent."""
@@ -36,6 +39,12 @@ class ActiveRequest:
             self.aborted = True
             self.abort_reason = reason
             self.stop(reason)
+
+    def fail(self, failure: EngineFailure) -> None:
+        """End it with ``failure`` (its engine went down); idempotent, and moot once aborted."""
+        if self.failure is None and not self.aborted:
+            self.failure = failure
+            self.on_failure(failure)
 
 
 class RequestRegistry:

@@ -25,6 +25,8 @@ class RuntimeEventHub:
         self._subscriber_queue = subscriber_queue
         self._subscriptions: dict[Subscriber[pb.SubscribeRuntimeEventsResponse], frozenset[int] | None] = {}
         self._ids = itertools.count(1)
+        self.dropped_subscribers = 0
+        """Subscriptions ended for falling behind."""
 
     @property
     def subscriber_count(self) -> int:
@@ -43,6 +45,7 @@ class RuntimeEventHub:
                 continue
             if not queue.offer(response) and queue.closed:
                 del self._subscriptions[queue]
+                self.dropped_subscribers += queue.overflowed
 
     def subscribe(self, types: Iterable[int]) -> Subscriber[pb.SubscribeRuntimeEventsResponse]:
         """Open a subscription for ``types`` (empty = all); unknown types are rejected."""

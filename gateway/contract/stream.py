@@ -99,18 +99,17 @@ class GenerateEncoder:
         """The response for ``event``, or None when it produces no message (usage)."""
         if self.done:
             raise ContractViolation(f"event {type(event).__name__} after the terminal response")
-        kind = type(event)
-        if kind is TokenDelta:
-            return self._tokens(event)  # type: ignore[arg-type]
-        if kind is UsageReport:
-            self._usage = event  # type: ignore[assignment]
+        if type(event) is TokenDelta:
+            return self._tokens(event)
+        if type(event) is UsageReport:
+            self._usage = event
             return None
-        if kind is OutputFinished:
-            return self._finish(event)  # type: ignore[arg-type]
-        if kind is PromptTokens:
-            return self._prompt(event)  # type: ignore[arg-type]
-        if kind is PrefillDone:
-            return self._prefill_ready(event)  # type: ignore[arg-type]
+        if type(event) is OutputFinished:
+            return self._finish(event)
+        if type(event) is PromptTokens:
+            return self._prompt(event)
+        if type(event) is PrefillDone:
+            return self._prefill_ready(event)
         raise ContractViolation(f"unknown generation event {event!r}")
 
     def _check_index(self, index: int) -> None:
@@ -197,7 +196,9 @@ class GenerateEncoder:
                 raise ContractViolation("the driver reported no usage before the final event")
             prompt, completion, cached, reasoning = 0, self._completion_tokens, None, None
         else:
-            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+            # A stream cut short (abort, failure) may end before the driver's next report: the
+            # tokens already emitted are still part of the request's cumulative usage.
+            prompt, completion = usage.prompt_tokens, max(usage.completion_tokens, self._completion_tokens)
             cached, reasoning = usage.cached_prompt_tokens, usage.reasoning_tokens
         message = response.usage
         message.prompt_tokens = prompt

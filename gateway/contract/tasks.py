@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
+from typing import Literal, TypeVar
+
+from google.protobuf.message import Message
 
 from .. import pb
 from ..errors import FailedPrecondition, InvalidArgument
@@ -27,14 +30,15 @@ from .generation import parse_media
 from .stream import ContractViolation
 
 _TaskCaps = pb.EmbedCapabilities | pb.ClassifyCapabilities | pb.ScoreCapabilities
+_Enum = TypeVar("_Enum", bound=int)
 
 
-def task_capabilities(model: pb.ModelInfo, task: str) -> _TaskCaps:
+def task_capabilities(model: pb.ModelInfo, task: Literal["embed", "classify", "score"]) -> _TaskCaps:
     """The model's capability message for ``task`` ('embed', 'classify', 'score').
 
     Raises ``FailedPrecondition`` unless the model advertises the task as supported.
     """
-    if model.HasField("tasks") and model.tasks.HasField(task):  # type: ignore[arg-type]
+    if model.HasField("tasks") and model.tasks.HasField(task):
         caps: _TaskCaps = getattr(model.tasks, task)
         if caps.HasField("supported") and caps.supported:
             return caps
@@ -117,10 +121,12 @@ def _ids(ids: Sequence[int], where: str) -> list[int]:
     return list(ids)
 
 
-def _parse_batch(inputs: Sequence[pb.TaskInput], model: pb.ModelInfo, caps: _TaskCaps) -> tuple[TaskItem, ...]:
+def _parse_batch(
+    inputs: Sequence[pb.TaskInput], model: pb.ModelInfo, caps: pb.EmbedCapabilities | pb.ClassifyCapabilities
+) -> tuple[TaskItem, ...]:
     if not inputs:
         raise InvalidArgument("inputs must be non-empty")
-    limit = caps.max_batch_size if caps.HasField("max_batch_size") else None  # type: ignore[union-attr]
+    limit = caps.max_batch_size if caps.HasField("max_batch_size") else None
     if limit is not None and len(inputs) > limit:
         raise InvalidArgument(f"{len(inputs)} inputs exceed the advertised max_batch_size ({limit})")
     items = tuple(_parse_item(item, f"inputs[{i}]", model, caps) for i, item in enumerate(inputs))
@@ -128,19 +134,19 @@ def _parse_batch(inputs: Sequence[pb.TaskInput], model: pb.ModelInfo, caps: _Tas
     return items
 
 
-def _unique(ids: object, field: str, scope: str) -> None:
+def _unique(ids: Iterable[str], field: str, scope: str) -> None:
     seen: set[str] = set()
-    for value in ids:  # type: ignore[attr-defined]
+    for value in ids:
         if value in seen:
             raise InvalidArgument(f"duplicate {field} {value!r} in {scope}")
         seen.add(value)
 
 
-def _explicit(message: object, field: str, advertised: Container[int], what: str) -> int | None:
+def _explicit(message: Message, field: str, advertised: Container[_Enum], what: str) -> _Enum | None:
     """An explicit enum option (UNSPECIFIED means default) that must be advertised."""
-    if not message.HasField(field):  # type: ignore[attr-defined]
+    if not message.HasField(field):
         return None
-    value: int = getattr(message, field)
+    value: _Enum = getattr(message, field)
     if value == 0:
         return None
     if value not in advertised:
@@ -174,7 +180,7 @@ def parse_embed(request: pb.EmbedRequest, model: pb.ModelInfo) -> EmbedCall:
                 f"options.dimensions ({dimensions}) exceeds the native dimension ({caps.dimension}); "
                 "it reduces, never pads"
             )
-    return EmbedCall(context, items, granularity, normalize, dimensions, encoding)  # type: ignore[arg-type]
+    return EmbedCall(context, items, granularity, normalize, dimensions, encoding)
 
 
 def parse_classify(request: pb.ClassifyRequest, model: pb.ModelInfo) -> ClassifyCall:
@@ -186,7 +192,7 @@ def parse_classify(request: pb.ClassifyRequest, model: pb.ModelInfo) -> Classify
     options = request.options
     granularity = _explicit(options, "granularity", caps.granularities, "granularity")
     semantics = _explicit(options, "output_semantics", caps.semantics, "output_semantics")
-    return ClassifyCall(context, items, granularity, semantics)  # type: ignore[arg-type]
+    return ClassifyCall(context, items, granularity, semantics)
 
 
 def parse_score(request: pb.ScoreRequest, model: pb.ModelInfo) -> ScoreCall:
@@ -244,7 +250,7 @@ def parse_score(request: pb.ScoreRequest, model: pb.ModelInfo) -> ScoreCall:
         semantics,
         normalization,
         labels,
-        options.instruction,  # type: ignore[arg-type]
+        options.instruction,
     )
 
 

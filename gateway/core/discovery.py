@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from typing import Literal, get_args
 
 from .. import __version__, pb
 from ..engines import Engine, EngineSet
@@ -33,9 +34,12 @@ class DiscoveryService:
 
         One engine: its own name, version, role, parallelism and KV connector. Several: the
         common name, version and role when all engines agree, else ``openengine-gateway``, the
-        gateway's version and ROLE_UNSPECIFIED; parallelism and KV connector are reported only
-        when every engine reports the same. ``supported_models`` always lists every served
-        name and alias; ``GetModelInfo`` describes each one exactly.
+        gateway's version and ROLE_UNSPECIFIED; the KV connector only when every engine reports
+        the same. Parallelism describes the endpoint's shared rank space (``contract.ranks``):
+        ``data_parallel_size`` counts every engine's ranks from ``data_parallel_start_rank`` 0,
+        tensor and pipeline sizes are reported when every engine reports the same, and
+        ``data_parallel_rank`` is absent. ``supported_models`` always lists every served name
+        and alias; ``GetModelInfo`` describes each one exactly.
         """
         engines = list(self._engines)
         first = engines[0].facts
@@ -55,8 +59,10 @@ class DiscoveryService:
             info.engine_version = __version__
         if all(e.role == first.role for e in engines):
             info.role = first.role
-        if all(e.facts.parallelism == first.parallelism for e in engines):
+        if len(engines) == 1:
             info.parallelism.CopyFrom(first.parallelism)
+        else:
+            info.parallelism.CopyFrom(_shared_parallelism(engines))
         connector = self._common_connector()
         if connector is not None:
             info.kv_connector.CopyFrom(connector)
@@ -78,9 +84,10 @@ class DiscoveryService:
         return connectors[0] if all(c == connectors[0] for c in connectors) else None
 
     async def load(self, request: pb.GetLoadRequest) -> pb.LoadInfo:
-        """A point-in-time load snapshot, summed across engines where every engine reports."""
-        loads = [await engine.backend.load() for engine in self._engines]
-        merged = loads[0] if len(loads) == 1 else _sum_loads(loads)
+        """A point-in-time load snapshot; with several engines, see ``_sum_loads``."""
+        engines = list(self._engines)
+        loads = [await engine.backend.load() for engine in engines]
+        merged = loads[0] if len(loads) == 1 else _sum_loads(engines, loads)
         result = pb.LoadInfo()
         result.CopyFrom(merged)
         result.instance_id = self._instance_id
@@ -91,15 +98,22 @@ class DiscoveryService:
         return result
 
     def kv_event_sources(self, request: pb.GetKvEventSourcesRequest) -> pb.GetKvEventSourcesResponse:
-        """Engine-native publishers, with routable hosts only, filtered by rank."""
+        """Engine-native publishers, with routable hosts and endpoint ranks, filtered by rank."""
         wanted = set(request.data_parallel_ranks)
         response = pb.GetKvEventSourcesResponse()
         for engine in self._engines:
             for source in engine.backend.kv_event_sources():
-                if wanted and source.HasField("data_parallel_rank") and source.data_parallel_rank not in wanted:
+                rank = (
+                    engine.ranks.to_endpoint(source.data_parallel_rank)
+                    if source.HasField("data_parallel_rank")
+                    else None
+                )
+                if wanted and rank is not None and rank not in wanted:
                     continue
                 routable = response.sources.add()
                 routable.CopyFrom(source)
+                if rank is not None:
+                    routable.data_parallel_rank = rank
                 if _is_wildcard(routable.endpoint_addr.host):
                     routable.endpoint_addr.host = self._advertise_host
         return response
@@ -120,7 +134,7 @@ def _is_wildcard(host: str) -> bool:
         return False
 
 
-_SUMMED = (
+_Summed = Literal[
     "running_requests",
     "queued_requests",
     "active_kv_sessions",
@@ -130,19 +144,44 @@ _SUMMED = (
     "waiting_tokens",
     "prefill_batch_size",
     "decode_batch_size",
-)
+]
+_SUMMED: tuple[_Summed, ...] = get_args(_Summed)
 
 
-def _sum_loads(loads: list[pb.LoadInfo]) -> pb.LoadInfo:
-    """Sum each scalar that every engine reports; keep per-rank entries with their ranks."""
+def _sum_loads(engines: list[Engine], loads: list[pb.LoadInfo]) -> pb.LoadInfo:
+    """Several engines' loads as one, every part still attributable to its engine.
+
+    Each scalar is the sum when every engine reports it, else absent (unknown). Per-rank
+    entries carry endpoint ranks (``contract.ranks``). Engine attributes are prefixed with the
+    served model name (``NAME.key``), and ``NAME.ranks`` lists each engine's endpoint ranks.
+    """
     merged = pb.LoadInfo()
     for name in _SUMMED:
         if all(load.HasField(name) for load in loads):
             setattr(merged, name, sum(getattr(load, name) for load in loads))
-    for load in loads:
-        merged.ranks.extend(load.ranks)
-        merged.attributes.update(load.attributes)
+    for engine, load in zip(engines, loads, strict=True):
+        for rank in load.ranks:
+            added = merged.ranks.add()
+            added.CopyFrom(rank)
+            if rank.HasField("data_parallel_rank"):
+                added.data_parallel_rank = engine.ranks.to_endpoint(rank.data_parallel_rank)
+        prefix = engine.served_name
+        for key, value in load.attributes.items():
+            merged.attributes[f"{prefix}.{key}"] = value
+        merged.attributes[f"{prefix}.ranks"] = ",".join(map(str, engine.ranks.ranks))
     return merged
+
+
+def _shared_parallelism(engines: list[Engine]) -> pb.ParallelismInfo:
+    """The rank space several engines share, with the sizes they all agree on."""
+    shared = pb.ParallelismInfo(
+        data_parallel_size=sum(engine.ranks.width for engine in engines), data_parallel_start_rank=0
+    )
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        values = {getattr(e.facts.parallelism, name) if e.facts.parallelism.HasField(name) else None for e in engines}
+        if len(values) == 1 and None not in values:
+            setattr(shared, name, values.pop())
+    return shared
 
 
 __all__ = ["GATEWAY_ENGINE_NAME", "DiscoveryService"]

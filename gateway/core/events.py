@@ -1,4 +1,9 @@
-"""KV-event and runtime-event subscriptions, fed by one pump per publishing engine."""
+"""KV-event and runtime-event subscriptions, fed by one pump per publishing engine.
+
+Events are attributed to their engine on the way in: a KV batch's ``data_parallel_rank``
+becomes the endpoint's rank (``contract.ranks``), and a runtime event gets the attribute
+``model`` (the engine's served model name), so one stream can carry several engines.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ from typing import TypeVar
 from .. import pb
 from ..contract.kv_events import KvEventHub
 from ..contract.runtime_events import RuntimeEventHub
-from ..engines import EngineSet
-from ..errors import EngineFailure, Unimplemented
+from ..engines import Engine, EngineSet
+from ..errors import EngineFailure, ResourceExhausted, Unimplemented
 from .background import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -28,15 +33,12 @@ class EventService:
         *,
         kv_replay_batches: int = 4096,
         subscriber_queue: int = 1024,
+        max_subscriptions: int | None = None,
     ) -> None:
         self._engines = engines
         self._background = background
-        ranks: set[int] = {0}
-        for engine in engines:
-            parallelism = engine.facts.parallelism
-            if parallelism.HasField("data_parallel_size"):
-                start = parallelism.data_parallel_start_rank if parallelism.HasField("data_parallel_start_rank") else 0
-                ranks.update(range(start, start + parallelism.data_parallel_size))
+        self._max_subscriptions = max_subscriptions
+        ranks = sorted({rank for engine in engines for rank in engine.ranks.ranks})
         self.kv = KvEventHub(ranks, replay_batches=kv_replay_batches, subscriber_queue=subscriber_queue)
         self.runtime = RuntimeEventHub(subscriber_queue=subscriber_queue)
         self._pumps: list[asyncio.Task[None]] = []
@@ -45,21 +47,35 @@ class EventService:
         """Start pumping every engine's published events into the hubs."""
         for engine in self._engines:
             if engine.facts.publishes_kv_events:
-                self._pumps.append(
-                    self._background.spawn(
-                        self._pump(engine.backend.kv_events(), self.kv.publish, "KV events", self.kv.close),
-                        f"{engine.served_name} KV events",
-                    )
-                )
+                what = f"{engine.served_name} KV events"
+                pump = self._pump(engine.backend.kv_events(), self._kv_publisher(engine), what, self.kv.close)
+                self._pumps.append(self._background.spawn(pump, what))
             if engine.facts.publishes_runtime_events:
-                self._pumps.append(
-                    self._background.spawn(
-                        self._pump(
-                            engine.backend.runtime_events(), self.runtime.publish, "runtime events", self.runtime.close
-                        ),
-                        f"{engine.served_name} runtime events",
-                    )
+                what = f"{engine.served_name} runtime events"
+                pump = self._pump(
+                    engine.backend.runtime_events(), self._runtime_publisher(engine), what, self.runtime.close
                 )
+                self._pumps.append(self._background.spawn(pump, what))
+
+    def _kv_publisher(self, engine: Engine) -> Callable[[pb.KvEventBatch], None]:
+        """Publish an engine's batch under the endpoint's rank for it."""
+        span = engine.ranks
+
+        def publish(batch: pb.KvEventBatch) -> None:
+            batch.data_parallel_rank = span.to_endpoint(batch.data_parallel_rank)
+            self.kv.publish(batch)
+
+        return publish
+
+    def _runtime_publisher(self, engine: Engine) -> Callable[[pb.RuntimeEvent], None]:
+        """Publish an engine's runtime event with the engine's served name as ``model``."""
+        name = engine.served_name
+
+        def publish(event: pb.RuntimeEvent) -> None:
+            event.attributes["model"] = name
+            self.runtime.publish(event)
+
+        return publish
 
     @staticmethod
     async def _pump(
@@ -69,13 +85,14 @@ class EventService:
             async for item in source:
                 publish(item)
         except Exception as exc:  # broad on purpose: a dead source must end its subscribers visibly
-            log.exception("the engine's %s source failed", what)
-            close(EngineFailure(pb.ERROR_CODE_INTERNAL, f"the engine's {what} source failed: {exc}", retryable=True))
+            log.exception("the %s source failed", what)
+            close(EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source failed: {exc}", retryable=True))
 
     async def subscribe_kv(self, request: pb.SubscribeKvEventsRequest) -> AsyncIterator[pb.SubscribeKvEventsResponse]:
         """Snapshot or replay, then live batches, until the client leaves or a terminal error."""
         if not any(engine.facts.publishes_kv_events for engine in self._engines):
             raise Unimplemented("no engine behind this gateway publishes KV events")
+        self._check_capacity()
         queue = self.kv.subscribe(
             request.data_parallel_ranks,
             include_snapshot=request.include_snapshot,
@@ -93,12 +110,19 @@ class EventService:
         """Live runtime events of the requested types until the client leaves."""
         if not any(engine.facts.publishes_runtime_events for engine in self._engines):
             raise Unimplemented("no engine behind this gateway publishes runtime events")
+        self._check_capacity()
         queue = self.runtime.subscribe(request.types)
         try:
             async for item in queue:
                 yield item
         finally:
             self.runtime.unsubscribe(queue)
+
+    def _check_capacity(self) -> None:
+        """RESOURCE_EXHAUSTED (retryable) when KV and runtime subscriptions together are at the limit."""
+        limit = self._max_subscriptions
+        if limit is not None and self.kv.subscriber_count + self.runtime.subscriber_count >= limit:
+            raise ResourceExhausted(f"the gateway is at its limit of {limit} event subscriptions", retry_after_ms=1000)
 
     def close(self, reason: str) -> None:
         """End every subscription with a retryable error and stop the pumps (shutdown).

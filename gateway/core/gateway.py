@@ -7,10 +7,13 @@ reaches a driver directly; the services are the only callers of the backend SPI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
 
+from .. import pb
+from ..contract.limits import RequestLimits
 from ..contract.lora import LoraRegistry
 from ..contract.registry import RequestRegistry
 from ..engines import EngineSet
@@ -20,8 +23,10 @@ from .events import EventService
 from .generation import GenerationService
 from .lifecycle import LifecycleService
 from .lora import LoraService
+from .monitor import EngineMonitor
 from .state import GatewayState
 from .tasks import TaskService
+from .telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +35,18 @@ log = logging.getLogger(__name__)
 class GatewayOptions:
     """Engine-neutral limits and behaviour, from the command line or ``plugins.toml``."""
 
-    max_in_flight: int | None = None
-    """Concurrent requests (all kinds) before RESOURCE_EXHAUSTED; None = unlimited."""
+    max_in_flight: int | None = 4096
+    """Concurrent requests (all kinds) before RESOURCE_EXHAUSTED (with a retry hint); None = unlimited."""
+    max_subscriptions: int | None = 1024
+    """Concurrent KV and runtime event subscriptions before RESOURCE_EXHAUSTED; None = unlimited."""
+    max_prompt_chars: int | None = None
+    """Characters of one text prompt or task input before RESOURCE_EXHAUSTED; None = the engine's limit."""
+    max_prompt_tokens: int | None = None
+    """Token ids of one token prompt or task input before RESOURCE_EXHAUSTED; None = the engine's limit."""
+    max_task_items: int | None = None
+    """Inputs of one Embed/Classify call (queries and candidates of a Score call); None = the engine's."""
+    health_poll_s: float = 1.0
+    """How often each engine's health and load are checked in the background (``core.monitor``)."""
     finished_window: int = 65536
     """How many finished request ids ``Abort`` remembers (ALREADY_FINISHED)."""
     kv_replay_batches: int = 4096
@@ -58,11 +73,17 @@ class Gateway:
         self.registry = RequestRegistry(finished_window=options.finished_window, max_in_flight=options.max_in_flight)
         self.background = BackgroundTasks()
         loras = LoraRegistry(options.lora_roots)
+        self.telemetry = Telemetry()
+        limits = RequestLimits(options.max_prompt_chars, options.max_prompt_tokens, options.max_task_items)
         instance_id = options.instance_id or (
             next(iter(engines)).facts.instance_id if len(engines) == 1 else uuid.uuid4().hex
         )
-        self.generation = GenerationService(engines, self.registry, self.state, loras, self.background)
-        self.tasks = TaskService(engines, self.registry, self.state, loras, self.background)
+        self.generation = GenerationService(
+            engines, self.registry, self.state, loras, self.background, limits=limits, telemetry=self.telemetry
+        )
+        self.tasks = TaskService(
+            engines, self.registry, self.state, loras, self.background, limits=limits, telemetry=self.telemetry
+        )
         self.lifecycle = LifecycleService(engines, self.registry, self.state, probe_timeout=options.probe_timeout_s)
         self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=options.advertise_host)
         self.lora = LoraService(engines, loras)
@@ -71,11 +92,24 @@ class Gateway:
             self.background,
             kv_replay_batches=options.kv_replay_batches,
             subscriber_queue=options.subscriber_queue,
+            max_subscriptions=options.max_subscriptions,
+        )
+        self.monitor = EngineMonitor(engines, self.registry, self.state, interval_s=options.health_poll_s)
+        self._monitor_task: asyncio.Task[None] | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Started, not draining, and every engine READY or DEGRADED: what grpc.health.v1 reports."""
+        return (
+            self.state.started
+            and not self.state.draining
+            and self.monitor.overall in (pb.HEALTH_STATE_READY, pb.HEALTH_STATE_DEGRADED)
         )
 
     def start(self) -> None:
-        """Begin serving: start event pumps and admit requests."""
+        """Begin serving: start event pumps and the engine monitor, and admit requests."""
         self.events.start()
+        self._monitor_task = asyncio.create_task(self.monitor.run(), name="engine monitor")
         self.state.started = True
 
     async def settle(self, drain_timeout_s: float) -> None:
@@ -93,6 +127,10 @@ class Gateway:
     async def stop(self, *, drain_timeout_s: float = 0.0) -> None:
         """``settle``, then finish background work and stop every engine."""
         await self.settle(drain_timeout_s)
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor_task
         await self.background.wait(5.0)
         self.background.cancel_all()
         for engine in self.engines:

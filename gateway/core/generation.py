@@ -2,31 +2,40 @@
 
 ``GenerationService.generate`` is an async generator of ``GenerateResponse`` messages. Until
 it yields its first message it may raise a ``RequestError`` (the transport turns that into a
-non-OK status); from acceptance on, every failure becomes one terminal ``EngineError`` and
-the generator ends normally. Whatever way the stream ends (finished, failed, aborted, client
-cancelled, deadline), the request leaves the registry and the driver is told to abort if it
-had not finished, so no engine work outlives its request.
+non-OK status): from validation, or from the driver's stream before its first message (a
+proxy such as ``remote`` learns its remote's verdict only then). From acceptance on, every
+failure becomes one terminal ``EngineError`` and the generator ends normally. Whatever way
+the stream ends (finished, failed, aborted, client cancelled, deadline), the request leaves
+the registry and the driver is told to abort if it had not finished, so no engine work
+outlives its request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
 from .. import pb
 from ..contract.generation import parse_generate
+from ..contract.limits import RequestLimits, check_generate
 from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation, GenerateEncoder
 from ..engines import Engine, EngineSet
-from ..errors import EngineFailure, InvalidArgument, as_failure, internal_failure
-from ..spi.events import EventStream, GenerationEvent
+from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure, internal_failure
+from ..logs import bind_request_id
+from ..spi.events import EventStream, GenerationEvent, TokenDelta
 from ..spi.requests import GenerationRequest
 from .background import BackgroundTasks
 from .state import GatewayState
+from .telemetry import StreamClock, Telemetry, outcome
 
 log = logging.getLogger(__name__)
+
+REPORTED_ABORT_GRACE_S = 5.0
+"""How long an engine that reports its own cancellation has to end an aborted stream."""
 
 
 class GenerationService:
@@ -39,32 +48,43 @@ class GenerationService:
         state: GatewayState,
         loras: LoraRegistry,
         background: BackgroundTasks,
+        *,
+        limits: RequestLimits | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._engines = engines
         self._registry = registry
         self._state = state
         self._loras = loras
         self._background = background
+        self._limits = limits or RequestLimits()
+        self._telemetry = telemetry
 
     def prepare(self, request: pb.GenerateRequest) -> tuple[Engine, GenerationRequest]:
         """Route and validate (pre-acceptance); raises ``RequestError``."""
         self._state.check_accepting()
+        check_generate(request, self._limits)
         engine = self._engines.resolve(request.model)
+        self._state.check_engine(engine.served_name)
         parsed = parse_generate(request, served_name=engine.served_name, model=engine.model_info, role=engine.role)
         if parsed.lora_name is not None:
             self._loras.get(parsed.lora_name)
-        parallelism = engine.facts.parallelism
-        rank = parsed.data_parallel_rank
-        if rank is not None and parallelism.HasField("data_parallel_size") and rank >= parallelism.data_parallel_size:
-            raise InvalidArgument(
-                f"kv.data_parallel_rank {parsed.data_parallel_rank} is outside the engine's "
-                f"{parallelism.data_parallel_size} data-parallel ranks"
-            )
+        if parsed.data_parallel_rank is not None:
+            rank = engine.ranks.to_engine(parsed.data_parallel_rank)
+            parallelism = engine.facts.parallelism
+            if parallelism.HasField("data_parallel_size") and rank >= parallelism.data_parallel_size:
+                raise InvalidArgument(
+                    f"kv.data_parallel_rank {parsed.data_parallel_rank} is outside the engine's "
+                    f"{parallelism.data_parallel_size} data-parallel ranks"
+                )
+            if rank != parsed.data_parallel_rank:
+                parsed = dataclasses.replace(parsed, data_parallel_rank=rank)
         return engine, parsed
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """The response stream of one Generate call."""
         engine, parsed = self.prepare(request)
+        bind_request_id(parsed.request_id)
         active = ActiveRequest(
             parsed.request_id,
             "generate",
@@ -81,6 +101,7 @@ class GenerationService:
             else:
                 events, pump = pump_events(source)
             active.stop = lambda _reason: self._stop(engine, parsed.request_id, events)
+            active.on_failure = events.fail
             encoder = GenerateEncoder(
                 parsed.request_id,
                 num_outputs=parsed.sampling.num_sequences,
@@ -90,35 +111,71 @@ class GenerationService:
         except BaseException:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
+        telemetry = self._telemetry
+        rejected = failed = False
+        final: pb.GenerateResponse | None = None
         try:
-            failed = False
-            async for message in _encode(events, encoder, active):
+            clock = telemetry.clock() if telemetry is not None else None
+            async for message in _encode(events, encoder, active, clock):
                 failed = message.HasField("error")
+                final = message
                 yield message
             # Only a successful stream leaves nothing running: after an error (the driver's, or a
             # contract violation while the driver still runs) the driver is told to abort too.
             finished = encoder.done and not active.aborted and not failed
+        except RequestError:
+            rejected = True  # refused before its first message: never accepted, so never finished
+            raise
         finally:
-            self._registry.release(active)
+            self._registry.release(active, finished=not rejected)
             if pump is not None:
                 pump.cancel()
             if not finished:
                 self._background.spawn(engine.backend.abort(parsed.request_id), f"abort {parsed.request_id}")
+            if telemetry is not None and not rejected:
+                _account(telemetry, final, finished=finished, failed=failed, aborted=active.aborted)
 
     def _stop(self, engine: Engine, request_id: str, events: EventStream) -> None:
-        """Abort path: end the stream now (open outputs finish CANCELLED) and tell the driver."""
-        events.cancel()
+        """Abort path: end the stream now (open outputs finish CANCELLED) and tell the driver.
+
+        An engine that reports its own cancellation (a proxy) ends the stream with its terminal
+        events; the core ends it only if that has not happened within ``REPORTED_ABORT_GRACE_S``.
+        """
+        if engine.facts.reports_cancellation:
+            asyncio.get_running_loop().call_later(REPORTED_ABORT_GRACE_S, _cancel_if_open, events)
+        else:
+            events.cancel()
         self._background.spawn(engine.backend.abort(request_id), f"abort {request_id}")
 
 
+def _cancel_if_open(events: EventStream) -> None:
+    if not events.closed:
+        events.cancel()
+
+
+def _account(
+    telemetry: Telemetry, final: pb.GenerateResponse | None, *, finished: bool, failed: bool, aborted: bool
+) -> None:
+    """Count how a stream ended, and its tokens when its final message carried usage."""
+    ended = outcome(finished=finished, failed=failed, aborted=aborted)
+    telemetry.ended("generate", ended)
+    if final is not None and final.HasField("usage"):
+        telemetry.usage(final.usage.prompt_tokens, final.usage.completion_tokens)
+    log.debug("generate ended: %s", ended)
+
+
 async def _encode(
-    events: EventStream, encoder: GenerateEncoder, active: ActiveRequest
+    events: EventStream, encoder: GenerateEncoder, active: ActiveRequest, clock: StreamClock | None = None
 ) -> AsyncIterator[pb.GenerateResponse]:
     """Encode events until the terminal response; synthesize it when the stream ends early."""
+    sent = False
     try:
         async for event in events:
             message = encoder.encode(event)
             if message is not None:
+                sent = True
+                if clock is not None and type(event) is TokenDelta:
+                    clock.token()
                 yield message
                 if encoder.done:
                     return
@@ -129,6 +186,8 @@ async def _encode(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # broad on purpose: any driver failure must become one EngineError
+        if isinstance(exc, RequestError) and not sent:
+            raise  # nothing was sent: the driver refused the request before acceptance
         if not isinstance(exc, EngineFailure):
             log.exception("generation %s failed", encoder.request_id)
         if not encoder.done:
@@ -174,4 +233,4 @@ def pump_events(source: AsyncIterator[GenerationEvent]) -> tuple[EventStream, as
     return stream, asyncio.create_task(run())
 
 
-__all__ = ["GenerationService", "pump_events"]
+__all__ = ["REPORTED_ABORT_GRACE_S", "GenerationService", "pump_events"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from .. import pb
 from ..contract.registry import RequestRegistry
@@ -26,7 +26,7 @@ _SEVERITY = {
 }
 
 
-def worst(states: list[int]) -> int:
+def worst(states: Iterable[pb.HealthState.ValueType]) -> pb.HealthState.ValueType:
     """The overall state of a set of checks: the least ready one."""
     return max(states, key=lambda s: _SEVERITY.get(s, 3), default=pb.HEALTH_STATE_READY)
 
@@ -126,6 +126,9 @@ class LifecycleService:
         target = request.WhichOneof("target")
         if target is None:
             raise InvalidArgument("exactly one abort target is required (request_id, kv_session or all_requests)")
+        if not any(engine.facts.supports_abort for engine in self._engines):
+            names = ", ".join(sorted({engine.facts.engine_name for engine in self._engines}))
+            raise Unimplemented(f"the {names} engine does not support abort")
         if target == "request_id":
             return self._abort_request(request.request_id)
         if target == "kv_session":
@@ -226,7 +229,7 @@ class LifecycleService:
         return len(self._registry), sessions
 
 
-def _role_check(engine: Engine, expected: int, prefix: str) -> pb.HealthCheck:
+def _role_check(engine: Engine, expected: pb.EngineRole.ValueType, prefix: str) -> pb.HealthCheck:
     if engine.role == expected:
         return pb.HealthCheck(name="role", state=pb.HEALTH_STATE_READY, message=f"{prefix}role matches")
     return pb.HealthCheck(
@@ -236,7 +239,7 @@ def _role_check(engine: Engine, expected: int, prefix: str) -> pb.HealthCheck:
     )
 
 
-def _drain_response(state: int, counts: tuple[int, int | None], message: str) -> pb.DrainResponse:
+def _drain_response(state: pb.DrainState.ValueType, counts: tuple[int, int | None], message: str) -> pb.DrainResponse:
     in_flight, sessions = counts
     response = pb.DrainResponse(state=state, in_flight_requests=in_flight, message=message)
     if sessions is not None:

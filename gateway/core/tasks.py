@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from .. import pb
 from ..contract import tasks as rules
+from ..contract.limits import RequestLimits, check_task_inputs, score_inputs
 from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
-from ..errors import Cancelled, Internal, as_status_error
+from ..errors import Cancelled, Internal, Unavailable, as_status_error
+from ..logs import bind_request_id
 from ..spi.requests import TaskContext
 from .background import BackgroundTasks
 from .state import GatewayState
+from .telemetry import Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,35 +41,43 @@ class TaskService:
         state: GatewayState,
         loras: LoraRegistry,
         background: BackgroundTasks,
+        *,
+        limits: RequestLimits | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._engines = engines
         self._registry = registry
         self._state = state
         self._loras = loras
         self._background = background
+        self._limits = limits or RequestLimits()
+        self._telemetry = telemetry
 
-    def _route(self, context: pb.TaskRequestContext) -> Engine:
+    def _route(self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput]) -> Engine:
         rules.require_context(context)
         self._state.check_accepting()
-        return self._engines.resolve(context.model, required=True)
+        check_task_inputs(inputs, self._limits)
+        engine = self._engines.resolve(context.model, required=True)
+        self._state.check_engine(engine.served_name)
+        return engine
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
-        engine = self._route(request.context)
+        engine = self._route(request.context, request.inputs)
         call = rules.parse_embed(request, engine.model_info)
         outputs, usage = await self._run(engine, call.context, engine.backend.embed(call))
         return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
-        engine = self._route(request.context)
+        engine = self._route(request.context, request.inputs)
         call = rules.parse_classify(request, engine.model_info)
         outputs, usage = await self._run(engine, call.context, engine.backend.classify(call))
         return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
-        engine = self._route(request.context)
+        engine = self._route(request.context, score_inputs(request))
         call = rules.parse_score(request, engine.model_info)
         result, usage = await self._run(engine, call.context, engine.backend.score(call))
         return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
@@ -81,19 +92,26 @@ class TaskService:
         except BaseException:
             _close(work)
             raise
+        bind_request_id(context.request_id)
         task = asyncio.ensure_future(work)
         active.stop = lambda _reason: task.cancel()
-        finished = False
+        active.on_failure = lambda _failure: task.cancel()
+        finished = failed = False
         try:
             result = await task
             finished = True
             return result
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if active.aborted and (current is None or not current.cancelling()):
-                raise Cancelled(f"request {context.request_id!r} was aborted: {active.abort_reason}") from None
+            if current is None or not current.cancelling():
+                if active.aborted:
+                    raise Cancelled(f"request {context.request_id!r} was aborted: {active.abort_reason}") from None
+                if active.failure is not None:
+                    failed = True
+                    raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None
             raise
         except Exception as exc:  # broad on purpose: unary failures must become a status
+            failed = True
             error = as_status_error(exc)
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
@@ -103,6 +121,8 @@ class TaskService:
             if not finished:
                 task.cancel()
                 self._background.spawn(engine.backend.abort(context.request_id), f"abort {context.request_id}")
+            if self._telemetry is not None:
+                self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
 
 
 def _assembled(assemble: Callable[[], T]) -> T:

@@ -56,7 +56,7 @@ class EngineFacts:
     engine_name: str
     engine_version: str
     model: pb.ModelInfo
-    role: pb.EngineRole = pb.ENGINE_ROLE_AGGREGATED
+    role: pb.EngineRole.ValueType = pb.ENGINE_ROLE_AGGREGATED
     parallelism: pb.ParallelismInfo = field(default_factory=pb.ParallelismInfo)
     kv_connector: pb.KvConnectorInfo | None = None
     instance_id: str = ""
@@ -68,6 +68,10 @@ class EngineFacts:
     """``runtime_events`` yields scheduler and transfer events."""
     supports_abort: bool = True
     """``abort`` stops a running request; without it ``Abort`` answers UNIMPLEMENTED."""
+    reports_cancellation: bool = False
+    """After ``abort`` the request's stream ends with the engine's own terminal events (CANCELLED
+    finishes with usage), as a proxy's remote engine sends them; the core waits a few seconds
+    for them instead of ending the stream itself, so the client gets the engine's usage."""
 
 
 class Backend(ABC):
@@ -101,7 +105,9 @@ class Backend(ABC):
         validation. Raise a ``RequestError`` (``InvalidArgument``, ``NotFound``...) here for a
         request the engine cannot take, and the client gets that gRPC status. What is
         returned (an ``EventStream`` fed by the engine loop, or an async generator the core
-        drains into one) runs after acceptance, where failures are ``EngineFailure``.
+        drains into one) runs after acceptance, where failures are ``EngineFailure``. One
+        exception: a ``RequestError`` raised before the first event (a driver that learns the
+        verdict asynchronously, as the ``remote`` proxy does) is still that gRPC status.
 
         The events follow the protocol in ``spi.events``. Client cancellation, deadlines and
         ``Abort`` all reach the driver through ``abort``.
@@ -161,7 +167,9 @@ class Backend(ABC):
         """The engine's KV cache events as batches, per DP rank in publish order.
 
         Called once when ``publishes_kv_events`` is set. A ``sequence_number`` of zero asks
-        the gateway to number the batch; non-zero numbers (an engine's own) are kept.
+        the gateway to number the batch; non-zero numbers (an engine's own) are kept. Ranks
+        are the engine's own and must be among those its ``parallelism`` advertises: behind
+        an endpoint with several engines the gateway renumbers them (``contract.ranks``).
         """
         raise Unimplemented(f"{self.name} does not publish KV events")
 

@@ -102,7 +102,7 @@ class OutputFinished:
     """Output ``index`` is complete. ``stop`` is required when ``reason`` is STOP."""
 
     index: int
-    reason: pb.FinishReason
+    reason: pb.FinishReason.ValueType
     stop: StopMatch | None = None
     message: str = ""
 

@@ -25,7 +25,7 @@ class CandidateSelection:
     ``TOKEN_IDS`` uses ``token_ids`` (non-empty, unique), ``ALL`` means the full vocabulary.
     """
 
-    mode: pb.CandidateTokenSelectionMode
+    mode: pb.CandidateTokenSelectionMode.ValueType
     top_n: int = 0
     token_ids: tuple[int, ...] = ()
 
@@ -79,7 +79,7 @@ class Guidance:
     is the caller's requested grammar backend, empty for the engine's default.
     """
 
-    mode: pb.GuidedDecodingMode
+    mode: pb.GuidedDecodingMode.ValueType
     spec: str = ""
     choices: tuple[str, ...] = ()
     backend: str = ""
@@ -116,7 +116,7 @@ class Media:
     ``modality`` is a ``Modality``; the core already turned UNSPECIFIED into IMAGE.
     """
 
-    modality: pb.Modality
+    modality: pb.Modality.ValueType
     url: str | None = None
     data_uri: str | None = None
     raw_bytes: bytes | None = None
@@ -164,7 +164,7 @@ class TaskItem:
     media: tuple[Media, ...] = ()
 
     @property
-    def input_type(self) -> pb.TaskInputType:
+    def input_type(self) -> pb.TaskInputType.ValueType:
         """The ``TaskInputType`` of this item."""
         if self.media:
             return pb.TASK_INPUT_TYPE_MULTIMODAL
@@ -188,10 +188,10 @@ class EmbedCall:
 
     context: TaskContext
     items: tuple[TaskItem, ...]
-    granularity: pb.TaskOutputGranularity | None = None
+    granularity: pb.TaskOutputGranularity.ValueType | None = None
     normalize: bool | None = None
     dimensions: int | None = None
-    encoding: pb.EmbeddingEncoding | None = None
+    encoding: pb.EmbeddingEncoding.ValueType | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +200,8 @@ class ClassifyCall:
 
     context: TaskContext
     items: tuple[TaskItem, ...]
-    granularity: pb.TaskOutputGranularity | None = None
-    semantics: pb.TaskValueSemantics | None = None
+    granularity: pb.TaskOutputGranularity.ValueType | None = None
+    semantics: pb.TaskValueSemantics.ValueType | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +224,9 @@ class ScoreCall:
 
     context: TaskContext
     groups: tuple[ScoreGroupCall, ...]
-    granularity: pb.TaskOutputGranularity | None = None
-    semantics: pb.TaskValueSemantics | None = None
-    normalization: pb.ScoreNormalization = pb.SCORE_NORMALIZATION_UNSPECIFIED
+    granularity: pb.TaskOutputGranularity.ValueType | None = None
+    semantics: pb.TaskValueSemantics.ValueType | None = None
+    normalization: pb.ScoreNormalization.ValueType = pb.SCORE_NORMALIZATION_UNSPECIFIED
     label_token_ids: tuple[int, ...] = ()
     instruction: str = ""
 

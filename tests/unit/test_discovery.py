@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from openengine_gateway import __version__, pb
 from openengine_gateway.core.discovery import GATEWAY_ENGINE_NAME, DiscoveryService
-from openengine_gateway.errors import InvalidArgument, NotFound
+from openengine_gateway.errors import Internal, InvalidArgument, NotFound
 
 from tests.fakes import FakeBackend, engine_set
 
@@ -63,7 +63,11 @@ def test_several_engines_of_one_kind() -> None:
     info = discovery((first, "a", ["a2"]), (second, "b")).engine_info()
     assert (info.engine_name, info.engine_version, info.role) == ("vllm", "1", pb.ENGINE_ROLE_AGGREGATED)
     assert list(info.supported_models) == ["a", "a2", "b"]
-    assert info.parallelism == PARALLEL and info.kv_connector == CONNECTOR
+    assert info.kv_connector == CONNECTOR
+    # parallelism describes the shared rank space: one rank each, the common tensor size
+    assert info.parallelism == pb.ParallelismInfo(
+        tensor_parallel_size=2, data_parallel_size=2, data_parallel_start_rank=0
+    )
 
 
 def test_several_engines_that_disagree() -> None:
@@ -72,7 +76,9 @@ def test_several_engines_that_disagree() -> None:
     info = discovery((first, "a"), (second, "b")).engine_info()
     assert (info.engine_name, info.engine_version) == (GATEWAY_ENGINE_NAME, __version__)
     assert info.role == pb.ENGINE_ROLE_UNSPECIFIED
-    assert not info.HasField("parallelism") and not info.HasField("kv_connector")
+    assert not info.HasField("kv_connector")
+    # tensor sizes differ (2 vs unreported): absent; the rank space is still described
+    assert info.parallelism == pb.ParallelismInfo(data_parallel_size=2, data_parallel_start_rank=0)
     assert info.instance_id == "gw-1"
 
 
@@ -153,7 +159,7 @@ async def test_loads_are_summed_where_every_engine_reports() -> None:
         running_requests=3,
         used_kv_blocks=0,
         total_kv_blocks=9,
-        ranks=[pb.RankLoadInfo(data_parallel_rank=1)],
+        ranks=[pb.RankLoadInfo(data_parallel_rank=0)],
         attributes={"b": "2"},
     )
     load = await discovery((first, "a"), (second, "b")).load(pb.GetLoadRequest(include_per_rank=True))
@@ -161,9 +167,31 @@ async def test_loads_are_summed_where_every_engine_reports() -> None:
     assert load.HasField("used_kv_blocks") and load.used_kv_blocks == 0
     assert not load.HasField("queued_requests")  # one engine cannot say: the sum is unknown
     assert not load.HasField("total_kv_blocks")
-    assert [r.data_parallel_rank for r in load.ranks] == [0, 1]
-    assert dict(load.attributes) == {"a": "1", "b": "2"}
+    assert [r.data_parallel_rank for r in load.ranks] == [0, 1]  # each engine's rank 0, attributable
+    assert dict(load.attributes) == {"a.a": "1", "a.ranks": "0", "b.b": "2", "b.ranks": "1"}
     assert load.instance_id == "gw-1" and load.timestamp_unix_nanos > 0
+
+
+async def test_ranks_of_several_engines_are_endpoint_ranks() -> None:
+    dp2 = pb.ParallelismInfo(data_parallel_size=2, data_parallel_start_rank=4)
+    first, second = FakeBackend(parallelism=dp2), FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2))
+    first.load_info = pb.LoadInfo(ranks=[pb.RankLoadInfo(data_parallel_rank=4), pb.RankLoadInfo(data_parallel_rank=5)])
+    second.load_info = pb.LoadInfo(ranks=[pb.RankLoadInfo(data_parallel_rank=1), pb.RankLoadInfo(running_requests=1)])
+    first.event_sources = [pb.KvEventSource(topic="a5", data_parallel_rank=5, endpoint_addr=pb.KvEndpoint(host="h"))]
+    second.event_sources = [pb.KvEventSource(topic="b0", data_parallel_rank=0, endpoint_addr=pb.KvEndpoint(host="h"))]
+    service = discovery((first, "a"), (second, "b"))
+    load = await service.load(pb.GetLoadRequest(include_per_rank=True))
+    ranks = [r.data_parallel_rank if r.HasField("data_parallel_rank") else None for r in load.ranks]
+    assert ranks == [0, 1, 3, None]  # native 4, 5 of "a"; native 1 of "b"; an unreported rank stays unreported
+    assert (load.attributes["a.ranks"], load.attributes["b.ranks"]) == ("0,1", "2,3")
+    sources = service.kv_event_sources(pb.GetKvEventSourcesRequest()).sources
+    assert [(s.topic, s.data_parallel_rank) for s in sources] == [("a5", 1), ("b0", 2)]
+    only_b = service.kv_event_sources(pb.GetKvEventSourcesRequest(data_parallel_ranks=[2, 3])).sources
+    assert [s.topic for s in only_b] == ["b0"]
+    assert first.event_sources[0].data_parallel_rank == 5  # the driver's list is not mutated
+    second.load_info.ranks.add(data_parallel_rank=2)  # outside what "b" advertises
+    with pytest.raises(Internal, match=r"advertises ranks 0\.\.1"):
+        await service.load(pb.GetLoadRequest(include_per_rank=True))
 
 
 # -- KV event sources -----------------------------------------------------------------------------

@@ -22,7 +22,33 @@ async def take(stream: AsyncIterator[Any], count: int) -> list[Any]:
 async def test_ranks_come_from_parallelism() -> None:
     backend = FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2, data_parallel_start_rank=4))
     events = EventService(engine_set(backend), BackgroundTasks())
-    assert events.kv.ranks == [0, 4, 5]
+    assert events.kv.ranks == [4, 5]
+    assert EventService(engine_set(FakeBackend()), BackgroundTasks()).kv.ranks == [0]  # unreported: one rank
+
+
+async def test_several_engines_publish_on_their_own_ranks() -> None:
+    first = FakeBackend(publishes_kv_events=True, parallelism=pb.ParallelismInfo(data_parallel_size=2))
+    second = FakeBackend(publishes_kv_events=True, publishes_runtime_events=True)
+    background = BackgroundTasks()
+    events = EventService(engine_set((first, "a"), (second, "b")), background)
+    assert events.kv.ranks == [0, 1, 2]
+    events.start()
+    kv = events.subscribe_kv(pb.SubscribeKvEventsRequest())
+    runtime = events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest())
+    waiters = asyncio.ensure_future(anext(kv)), asyncio.ensure_future(anext(runtime))
+    await asyncio.sleep(0)
+    first.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=7, data_parallel_rank=1))
+    second.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=7, data_parallel_rank=0))
+    second.runtime_queue.put_nowait(pb.RuntimeEvent(type=pb.RUNTIME_EVENT_TYPE_BATCH, attributes={"model": "x"}))
+    batches = [(await asyncio.wait_for(waiters[0], 1)).batch, *(r.batch for r in await take(kv, 1))]
+    # both engines numbered their batch 7; on distinct endpoint ranks both numbers stay as sent
+    assert [(b.data_parallel_rank, b.sequence_number) for b in batches] == [(1, 7), (2, 7)]
+    event = (await asyncio.wait_for(waiters[1], 1)).runtime_event
+    assert event.attributes["model"] == "b"  # the gateway attributes the engine
+    second.kv_queue.put_nowait(pb.KvEventBatch(data_parallel_rank=1))  # a rank "b" never advertised
+    (error,) = await take(kv, 1)
+    assert error.error.code == pb.ERROR_CODE_INTERNAL and "advertises ranks 0..0" in error.error.message
+    background.cancel_all()
 
 
 async def test_subscriptions_need_a_publishing_engine() -> None:

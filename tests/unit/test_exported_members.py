@@ -23,6 +23,7 @@ MODULES = [
     "openengine_gateway.contract.generation",
     "openengine_gateway.contract.kv_events",
     "openengine_gateway.contract.lora",
+    "openengine_gateway.contract.ranks",
     "openengine_gateway.contract.registry",
     "openengine_gateway.contract.runtime_events",
     "openengine_gateway.contract.stream",

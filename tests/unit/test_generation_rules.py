@@ -421,8 +421,8 @@ def test_priority(priority: int) -> None:
 
 def test_lora_name_needs_advertised_support() -> None:
     assert parse(request(lora_name="a")).lora_name == "a"
-    rejects(request(lora_name="a"), model=NOTHING, match="LoRA")
-    rejects(request(lora_name="a"), model=pb.ModelInfo(supports_lora=False), match="LoRA")
+    rejects(request(lora_name="a"), FailedPrecondition, model=NOTHING, match="LoRA")
+    rejects(request(lora_name="a"), FailedPrecondition, model=pb.ModelInfo(supports_lora=False), match="LoRA")
 
 
 def test_cache_options() -> None:

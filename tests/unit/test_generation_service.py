@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from openengine_gateway import pb
+from openengine_gateway.core import generation as generation_module
 from openengine_gateway.core.generation import GenerationService, pump_events
 from openengine_gateway.errors import (
     AlreadyExists,
@@ -149,6 +150,29 @@ async def test_driver_rejection_is_a_status_and_frees_the_id() -> None:
     assert len(parts.registry) == 0 and not parts.registry.recently_finished("r1")
 
 
+async def test_a_stream_that_rejects_before_its_first_event_is_a_status() -> None:
+    """A proxy learns its remote's verdict from the stream: still before acceptance."""
+    parts, backend = CoreParts(), FakeBackend()
+    backend.on_generate = scripted(UsageReport(1, 0), error=ResourceExhausted("remote is full", retry_after_ms=7))
+    with pytest.raises(ResourceExhausted, match="remote is full") as raised:
+        await anext(service(parts, backend).generate(request()))
+    assert raised.value.retry_after_ms == 7
+    assert len(parts.registry) == 0 and not parts.registry.recently_finished("r1")  # never accepted
+    await asyncio.wait_for(backend.abort_called.wait(), 1)  # and nothing is left running
+
+
+async def test_request_ranks_of_several_engines_are_endpoint_ranks() -> None:
+    parts = CoreParts()
+    first = FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2))
+    second = FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2))
+    second.on_generate = scripted(UsageReport(1, 0), OutputFinished(0, LENGTH))
+    generation = service(parts, (first, "a"), (second, "b"))
+    await collect(generation.generate(request(model="b", kv=pb.KvOptions(data_parallel_rank=3))))
+    assert second.requests[0].data_parallel_rank == 1  # endpoint rank 3 is "b"'s second replica
+    with pytest.raises(InvalidArgument, match="not one of this model's ranks"):
+        await anext(generation.generate(request("r2", model="b", kv=pb.KvOptions(data_parallel_rank=1))))
+
+
 async def test_duplicate_in_flight_id_and_admission_limit() -> None:
     parts = CoreParts(max_in_flight=1)
     generation = service(parts, FakeBackend())
@@ -226,6 +250,34 @@ async def test_abort_finishes_open_outputs_as_cancelled() -> None:
     assert rest[-1].HasField("usage")
     await asyncio.wait_for(backend.abort_called.wait(), 1)
     assert "r1" in backend.aborted and len(parts.registry) == 0
+
+
+async def test_an_engine_that_reports_cancellation_ends_the_stream_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts, backend = CoreParts(), FakeBackend()
+    backend.facts.reports_cancellation = True  # a proxy: its remote sends the terminal events and usage
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(delta(0, 5))
+    await asyncio.wait_for(waiter, 1)
+    parts.registry.get("r1").abort("aborted by Abort")  # type: ignore[union-attr]
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+    backend.streams["r1"].put(UsageReport(7, 1))
+    backend.streams["r1"].put(OutputFinished(0, pb.FINISH_REASON_CANCELLED, message="aborted over there"))
+    backend.streams["r1"].finish()
+    (final,) = await collect(stream)
+    assert final.finished.message == "aborted over there" and final.usage.prompt_tokens == 7
+
+    # an engine that does not end the stream in time is ended by the core
+    monkeypatch.setattr(generation_module, "REPORTED_ABORT_GRACE_S", 0.01)
+    stream = service(parts, backend).generate(request("r2"))
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r2"].put(delta(0, 5))
+    await asyncio.wait_for(waiter, 1)
+    parts.registry.get("r2").abort("aborted by Abort")  # type: ignore[union-attr]
+    (final,) = await asyncio.wait_for(collect(stream), 1)
+    assert final.finished.reason == pb.FINISH_REASON_CANCELLED and final.finished.message == "aborted by Abort"
 
 
 async def test_abort_of_a_prefill_is_a_cancelled_error() -> None:

@@ -32,7 +32,7 @@ async def test_events_follow_the_protocol() -> None:
         result = await generate(backend, sampling=Sampling(seed=1, num_sequences=3))
     kinds = [type(event).__name__ for event in result.events]
     assert kinds.count("OutputFinished") == 3
-    assert kinds.count("UsageReport") == 1
+    assert kinds.count("UsageReport") == 2  # once the prompt is computed, then before the last finish
     assert kinds[-2:] == ["UsageReport", "OutputFinished"]
     assert result.usage == UsageReport(5 + 15, sum(len(t) for t in result.tokens.values()), 0)
 
