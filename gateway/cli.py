@@ -2,14 +2,17 @@
 
     openengine-gateway [serve] [--backend NAME] [--model M] [--served-model-name N]
                        [--alias A ...] [--host H] [--port P] [--config plugins.toml]
-                       [--<driver-option> VALUE ...]
+                       [--tls-cert F --tls-key F [--tls-client-ca F]]
+                       [--auth-token-file F] [--control-token-file F] [--metrics-port P]
+                       [--<limit> N ...] [--log-format text|json] [--<driver-option> VALUE ...]
     openengine-gateway backends
     openengine-gateway conformance --target HOST:PORT [--model M] [--json FILE]
 
 Options the gateway does not know are the driver's: ``--max-running-requests 8`` becomes
 ``max_running_requests="8"`` for the driver's settings model to validate (a flag without a
 value is ``true``; a repeated flag is a list). Without ``--backend`` the engines come from the
-``[[engines]]`` tables of the configuration file.
+``[[engines]]`` tables of the configuration file. Every serving flag has a ``[gateway]`` key
+of the same name (``--tls-cert`` is ``tls_cert_file``); the flag wins.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, EngineSection, load_config
+from . import logs
+from .config import Config, ConfigError, EngineSection, GatewaySection, load_config
 from .core.gateway import Gateway, GatewayOptions
 from .engines import ConfigurationError
 from .launch import start_engines
 from .plugins import PluginError, installed_backends
 from .server.app import GatewayServer, ServerOptions
+from .server.auth import TokenAuth
+from .server.tls import TlsFiles
 
 log = logging.getLogger("openengine_gateway")
 
@@ -74,9 +80,37 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     parser.add_argument("--port", type=int, help="port to bind (default 50051; 0 picks a free port)")
     parser.add_argument("--advertise-host", help="routable host to advertise instead of a wildcard bind address")
-    parser.add_argument("--max-in-flight", type=int, help="concurrent requests before RESOURCE_EXHAUSTED")
     parser.add_argument("--drain-timeout", type=float, help="seconds a SIGTERM drain waits before aborting")
     parser.add_argument("--log-level", default=os.environ.get("OPENENGINE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-format", choices=("text", "json"), help="log lines as text (default) or JSON")
+    security = parser.add_argument_group("security")
+    security.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    security.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    security.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
+    security.add_argument(
+        "--auth-token-file", type=Path, help="bearer tokens for every RPC, one a line (also $OPENENGINE_AUTH_TOKENS)"
+    )
+    security.add_argument(
+        "--control-token-file",
+        type=Path,
+        help="tokens for Abort(all), Drain and LoRA load/unload (also $OPENENGINE_CONTROL_TOKENS)",
+    )
+    security.add_argument(
+        "--lora-root", action="append", help="directory LoRA adapters must resolve into (repeatable; default any)"
+    )
+    limits = parser.add_argument_group("limits (past them: RESOURCE_EXHAUSTED)")
+    for flag, what in (
+        ("--max-in-flight", "concurrent requests (default 4096)"),
+        ("--max-subscriptions", "concurrent KV and runtime event subscriptions (default 1024)"),
+        ("--max-prompt-chars", "characters of a text prompt or task input"),
+        ("--max-prompt-tokens", "token ids of a token prompt or task input"),
+        ("--max-task-items", "inputs of one Embed/Classify/Score call"),
+        ("--max-message-bytes", "bytes of one gRPC message (default 64 MiB)"),
+    ):
+        limits.add_argument(flag, type=int, help=what)
+    metrics = parser.add_argument_group("metrics")
+    metrics.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0 picks one)")
+    metrics.add_argument("--metrics-host", help="address for the metrics port (default: --host)")
     return parser
 
 
@@ -114,26 +148,36 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     section = config.gateway
     host = args.host if args.host is not None else section.host
     port = args.port if args.port is not None else section.port
+    logs.configure(args.log_level, args.log_format or section.log_format)
     sections = _engine_sections(args, extra, config)
     options = GatewayOptions(
-        max_in_flight=args.max_in_flight if args.max_in_flight is not None else section.max_in_flight,
+        max_in_flight=_pick(args.max_in_flight, section.max_in_flight),
+        max_subscriptions=_pick(args.max_subscriptions, section.max_subscriptions),
+        max_prompt_chars=_pick(args.max_prompt_chars, section.max_prompt_chars),
+        max_prompt_tokens=_pick(args.max_prompt_tokens, section.max_prompt_tokens),
+        max_task_items=_pick(args.max_task_items, section.max_task_items),
+        health_poll_s=section.health_poll_s,
         finished_window=section.finished_window,
         kv_replay_batches=section.kv_replay_batches,
         subscriber_queue=section.subscriber_queue,
         probe_timeout_s=section.probe_timeout_s,
-        lora_roots=tuple(section.lora_roots),
+        lora_roots=tuple(args.lora_root or section.lora_roots),
         advertise_host=args.advertise_host or section.advertise_host or _routable(host),
     )
+    server_options = _server_options(args, section, host, port)
     drain_timeout = args.drain_timeout if args.drain_timeout is not None else section.drain_timeout_s
     engines = await start_engines(sections, config)
-    server = GatewayServer(Gateway(engines, options), ServerOptions(host, port, section.max_message_bytes))
+    server = GatewayServer(Gateway(engines, options), server_options)
     try:
         await server.start()
     except BaseException:
         await server.gateway.stop()
         raise
     names = ", ".join(f"{e.served_name} ({e.facts.engine_name} {e.facts.engine_version})" for e in engines)
-    print(f"openengine-gateway serving {names} on {server.address}", flush=True)
+    tls = server_options.tls
+    scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
+    metrics = f", metrics on port {server.metrics_port}" if server.metrics_port is not None else ""
+    print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -150,6 +194,35 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     await server.stop(drain_timeout)
     log.info("stopped")
     return 0
+
+
+def _pick(flag: int | None, configured: int | None) -> int | None:
+    return flag if flag is not None else configured
+
+
+def _server_options(args: argparse.Namespace, section: GatewaySection, host: str, port: int) -> ServerOptions:
+    """Transport options: TLS, tokens, metrics and the message size, flags over ``[gateway]``."""
+    cert = args.tls_cert or section.tls_cert_file
+    key = args.tls_key or section.tls_key_file
+    client_ca = args.tls_client_ca or section.tls_client_ca_file
+    if (cert is None) != (key is None) or (client_ca is not None and cert is None):
+        raise ConfigError("TLS needs both --tls-cert and --tls-key (and them for --tls-client-ca)")
+    token_file = args.auth_token_file or section.auth_token_file
+    control_file = args.control_token_file or section.control_token_file
+    auth = TokenAuth.from_sources(
+        token_files=[token_file] if token_file else [], control_token_files=[control_file] if control_file else []
+    )
+    if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("serving on %s without authentication: anyone who reaches it can drain it", host)
+    return ServerOptions(
+        host=host,
+        port=port,
+        max_message_bytes=_pick(args.max_message_bytes, section.max_message_bytes) or section.max_message_bytes,
+        tls=TlsFiles(cert, key, client_ca) if cert is not None and key is not None else None,
+        auth=auth,
+        metrics_port=_pick(args.metrics_port, section.metrics_port),
+        metrics_host=args.metrics_host or section.metrics_host,
+    )
 
 
 def _routable(host: str) -> str:
@@ -193,11 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["serve"]:
         arguments = arguments[1:]
     args, extra = _parser().parse_known_args(arguments)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level, args.log_format or "text")
     try:
         return _run(serve(args, extra))
     except (ConfigError, ConfigurationError, PluginError, OSError) as exc:

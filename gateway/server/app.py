@@ -1,10 +1,15 @@
-"""The grpc.aio server: OpenEngine, grpc.health.v1 and reflection on one port."""
+"""The grpc.aio server: OpenEngine, grpc.health.v1 and reflection on one port.
+
+Plaintext or TLS (mutual with a client CA), bearer tokens and per-RPC counts through one
+interceptor (``interceptor``), and Prometheus metrics on a port of their own (``metrics``).
+grpc.health.v1 reports NOT_SERVING until the gateway admits requests, while any engine is
+NOT_READY and from the start of a drain.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from dataclasses import dataclass
 
 import grpc
@@ -13,11 +18,14 @@ from grpc_reflection.v1alpha import reflection
 
 from .. import pb
 from ..core.gateway import Gateway
+from .auth import TokenAuth
+from .interceptor import EdgeInterceptor
+from .metrics import MetricsExporter
 from .servicer import OpenEngineServicer
+from .tls import TlsFiles
 
-log = logging.getLogger(__name__)
-
-_HEALTH_POLL_S = 1.0
+_HEALTH_POLL_S = 0.25
+"""How often the grpc.health.v1 mirror reads the gateway's cached state (no engine call)."""
 _CLOSE_GRACE_S = 2.0
 """Time for aborted streams to flush their terminal events before connections close."""
 
@@ -29,6 +37,15 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 50051
     max_message_bytes: int = 64 * 1024 * 1024
+    """Largest request or response; a larger request is RESOURCE_EXHAUSTED (gRPC's own check)."""
+    tls: TlsFiles | None = None
+    """Serve TLS (mutual TLS with a client CA) instead of plaintext."""
+    auth: TokenAuth | None = None
+    """Bearer tokens every call must present (``auth``); None = no authentication."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0 picks one); None = no metrics endpoint."""
+    metrics_host: str | None = None
+    """Address for the metrics endpoint; None = ``host``."""
 
 
 class GatewayServer:
@@ -38,12 +55,15 @@ class GatewayServer:
         self.gateway = gateway
         self.options = options
         self.port = 0
+        self.metrics_port: int | None = None
+        self.metrics = MetricsExporter(gateway)
         self._server = grpc.aio.server(
+            interceptors=[EdgeInterceptor(options.auth, self.metrics.rpc_finished)],
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", options.max_message_bytes),
                 ("grpc.max_send_message_length", options.max_message_bytes),
-            ]
+            ],
         )
         pb.add_OpenEngineServicer_to_server(OpenEngineServicer(gateway), self._server)
         self._health = health.aio.HealthServicer()
@@ -63,30 +83,36 @@ class GatewayServer:
         """Bind and start serving; raises ``OSError`` when the address cannot be bound."""
         host = self.options.host
         target = f"[{host}]:{self.options.port}" if ":" in host else f"{host}:{self.options.port}"
+        tls = self.options.tls
         try:
-            self.port = self._server.add_insecure_port(target)
+            if tls is None:
+                self.port = self._server.add_insecure_port(target)
+            else:
+                self.port = self._server.add_secure_port(target, tls.credentials())
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {target}: {exc}") from None
+        if self.options.metrics_port is not None:
+            host = self.options.metrics_host or self.options.host
+            self.metrics_port = self.metrics.start(host, self.options.metrics_port)
+        await self._publish(serving=False)
         await self._server.start()
         self.gateway.start()
         self._health_task = asyncio.create_task(self._publish_health())
 
     async def _publish_health(self) -> None:
-        """Mirror the OpenEngine health state into grpc.health.v1 (SERVING only when READY)."""
+        """Mirror the gateway's state into grpc.health.v1 (SERVING while it admits and engines are ready)."""
+        serving: bool | None = None
         while True:
-            try:
-                state = (await self.gateway.lifecycle.health(pb.HealthRequest())).state
-            except Exception:  # broad on purpose: a failing check means NOT_SERVING, not a dead loop
-                log.exception("health check failed")
-                state = pb.HEALTH_STATE_NOT_READY
-            serving = (
-                health_pb2.HealthCheckResponse.SERVING
-                if state in (pb.HEALTH_STATE_READY, pb.HEALTH_STATE_DEGRADED)
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for service in ("", pb.SERVICE_NAME):
-                await self._health.set(service, serving)
+            now = self.gateway.serving
+            if now != serving:
+                await self._publish(serving=now)
+                serving = now
             await asyncio.sleep(_HEALTH_POLL_S)
+
+    async def _publish(self, *, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", pb.SERVICE_NAME):
+            await self._health.set(service, status)
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
         """Drain: refuse new requests, let running ones finish for up to ``drain_timeout_s``,
@@ -99,6 +125,7 @@ class GatewayServer:
         await self.gateway.settle(drain_timeout_s)
         await self._server.stop(_CLOSE_GRACE_S)
         await self.gateway.stop()
+        self.metrics.stop()
 
     async def wait_for_termination(self) -> None:
         """Block until the server has stopped."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar, cast
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -22,7 +22,8 @@ from ..errors import RequestError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
-Context = grpc.aio.ServicerContext
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+"""The call context of any RPC (its request and response types are not used here)."""
 
 
 async def reject(context: Context, error: RequestError) -> None:
@@ -38,7 +39,7 @@ async def _unary(context: Context, handler: Callable[[R], Awaitable[T] | T], req
         result = handler(request)
         if inspect.isawaitable(result):
             return await result
-        return cast(T, result)
+        return result
     except RequestError as error:
         await reject(context, error)
         raise AssertionError("unreachable") from None

@@ -1,0 +1,170 @@
+"""The one grpc.aio interceptor: authentication, undecodable requests, and per-RPC status counts.
+
+Every OpenEngine call passes through it once:
+
+1. its bearer token is checked from the call's metadata before the request is even parsed
+   (``auth``), so an unauthenticated client cannot make the gateway decode a large message;
+2. a request that does not parse as its message type ends with INVALID_ARGUMENT (gRPC would
+   otherwise answer UNKNOWN with the parser's exception);
+3. Abort of ``all_requests`` is checked for the control scope once its request is parsed;
+4. the call's final status code is counted by RPC (``on_finished``).
+
+The handler it returns relays the servicer's messages through one thin async-generator
+layer, so the per-message cost on a stream is a generator step, nothing more.
+``grpc.health.v1`` passes untouched; reflection only needs a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health
+
+from .. import pb
+from ..errors import InvalidArgument, RequestError
+from .auth import Scope, TokenAuth, request_scope, static_scope
+from .servicer import reject
+
+_PREFIX = f"/{pb.SERVICE_NAME}/"
+_EXEMPT_PREFIX = f"/{health.SERVICE_NAME}/"
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+_UnaryStream = Callable[[Any, _Context], AsyncIterator[object]]
+_UnaryUnary = Callable[[Any, _Context], Awaitable[object]]
+
+RpcFinished = Callable[[str, str], None]
+"""Called with the RPC name and its final status code name (``OK``, ``CANCELLED``...)."""
+
+
+class _Undecodable:
+    """What the deserializer hands over instead of a request it could not parse."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """Applies ``auth`` (None = open) and reports each OpenEngine call's status to ``on_finished``."""
+
+    def __init__(self, auth: TokenAuth | None = None, on_finished: RpcFinished | None = None) -> None:
+        self._auth = auth
+        self._on_finished = on_finished or (lambda _rpc, _code: None)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(_EXEMPT_PREFIX):
+            return handler
+        auth = self._auth
+        granted = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
+        if not method.startswith(_PREFIX):
+            error = auth.check(Scope.INFERENCE, granted) if auth is not None else None
+            return handler if error is None else _rejecting(handler, error)
+        rpc = method[len(_PREFIX) :]
+        if auth is not None:
+            error = auth.check(static_scope(rpc), granted)
+            if error is not None:
+                self._on_finished(rpc, error.status.name)
+                return _rejecting(handler, error)
+        scoped = auth if auth is not None and rpc == "Abort" else None
+        return _relaying(handler, rpc, scoped, granted, self._on_finished)
+
+
+def _rejecting(handler: grpc.RpcMethodHandler[Any, Any], error: RequestError) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same kind that ends the call with ``error`` without reading its request."""
+
+    async def refuse(_request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await reject(context, error)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def _relaying(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    rpc: str,
+    auth: TokenAuth | None,
+    granted: Scope | None,
+    on_finished: RpcFinished,
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The servicer's handler behind the decode guard, the Abort scope check and status counting."""
+    parse = handler.request_deserializer
+
+    def deserialize(data: bytes) -> object:
+        try:
+            return parse(data) if parse is not None else data
+        except DecodeError as exc:
+            return _Undecodable(exc)
+
+    async def admit(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if isinstance(request, _Undecodable):
+            await reject(context, InvalidArgument(f"the request is not a valid {rpc} request: {request.error}"))
+        if auth is not None:
+            error = auth.check(request_scope(rpc, request), granted)
+            if error is not None:
+                await reject(context, error)
+
+    if handler.response_streaming:
+        inner_stream = cast(_UnaryStream, handler.unary_stream)  # the grpc stubs type only sync handlers
+
+        async def stream(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[object]:
+            code = "OK"
+            try:
+                await admit(request, context)
+                async for message in inner_stream(request, context):
+                    yield message
+            except BaseException as exc:
+                code = _code(exc, context)
+                raise
+            finally:
+                on_finished(rpc, code)
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=deserialize, response_serializer=handler.response_serializer
+        )
+
+    inner_unary = cast(_UnaryUnary, handler.unary_unary)
+
+    async def unary(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> object:
+        code = "OK"
+        try:
+            await admit(request, context)
+            return await inner_unary(request, context)
+        except BaseException as exc:
+            code = _code(exc, context)
+            raise
+        finally:
+            on_finished(rpc, code)
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary, request_deserializer=deserialize, response_serializer=handler.response_serializer
+    )
+
+
+def _code(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The status name a call ends with after ``exc`` left its handler."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK:
+        return code.name
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    return "UNKNOWN"
+
+
+__all__ = ["EdgeInterceptor", "RpcFinished"]

@@ -1,0 +1,149 @@
+"""Prometheus metrics of one gateway, served on their own HTTP port.
+
+Per-RPC status counts come from the interceptor; everything else is read at scrape time
+from state the gateway keeps anyway (the request registry, the engine monitor's cached
+health and load, the core's telemetry, the event hubs), so scraping never calls an engine
+and the streaming path never touches a Prometheus lock.
+
+    openengine_gateway_requests_total{rpc,code}           RPCs by final gRPC status
+    openengine_gateway_in_flight_requests                 accepted requests not yet ended
+    openengine_gateway_engine_running_requests{model}     the engine's own running count
+    openengine_gateway_engine_queued_requests{model}      the engine's own queue
+    openengine_gateway_time_to_first_token_seconds        histogram, acceptance to first token message
+    openengine_gateway_inter_token_latency_seconds        histogram, gap between token messages
+    openengine_gateway_prompt_tokens_total                tokens in (final usage of each stream)
+    openengine_gateway_completion_tokens_total            tokens out
+    openengine_gateway_request_outcomes_total{kind,outcome}  finished, failed, aborted, cancelled
+    openengine_gateway_event_subscribers{stream}          open KV / runtime event subscriptions
+    openengine_gateway_event_subscribers_dropped_total{stream}  ended for falling behind
+    openengine_gateway_kv_event_gaps_total                batches an engine lost, reported to subscribers
+    openengine_gateway_engine_health{model,state}         1 for the engine's current HealthState
+    openengine_gateway_serving                            1 while grpc.health.v1 reports SERVING
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import pb
+from ..core.gateway import Gateway
+from ..core.telemetry import Histogram
+
+PREFIX = "openengine_gateway"
+_HEALTH_STATES = [pb.HealthState.Name(state) for state in pb.HealthState.values() if state]
+
+
+class MetricsExporter:
+    """The metrics registry of one gateway and, once started, the HTTP server exposing it."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            f"{PREFIX}_requests",
+            "OpenEngine RPCs by method and final gRPC status",
+            ("rpc", "code"),
+            registry=self.registry,
+        )
+        self.registry.register(_GatewayCollector(gateway))
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
+
+    def rpc_finished(self, rpc: str, code: str) -> None:
+        """Count one finished RPC (the interceptor's callback)."""
+        self._requests.labels(rpc, code).inc()
+
+    def start(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a port); returns the bound port."""
+        server, thread = start_http_server(port, host.strip("[]"), registry=self.registry)
+        self._http = (server, thread)
+        return int(server.server_port)
+
+    def stop(self) -> None:
+        """Stop the HTTP server, if started."""
+        if self._http is not None:
+            server, thread = self._http
+            self._http = None
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+
+class _GatewayCollector(Collector):
+    """Reads the gateway's live state at scrape time (from the exporter's thread)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        gateway = self._gateway
+        telemetry = gateway.telemetry
+        yield GaugeMetricFamily(
+            f"{PREFIX}_in_flight_requests", "Accepted requests not yet ended", len(gateway.registry)
+        )
+        yield from self._engines()
+        yield _histogram(f"{PREFIX}_time_to_first_token_seconds", "Acceptance to first token message", telemetry.ttft)
+        yield _histogram(f"{PREFIX}_inter_token_latency_seconds", "Gap between token messages", telemetry.itl)
+        yield CounterMetricFamily(f"{PREFIX}_prompt_tokens", "Prompt tokens of ended streams", telemetry.prompt_tokens)
+        yield CounterMetricFamily(
+            f"{PREFIX}_completion_tokens", "Completion tokens of ended streams", telemetry.completion_tokens
+        )
+        outcomes = CounterMetricFamily(
+            f"{PREFIX}_request_outcomes", "Ended requests by kind and outcome", labels=("kind", "outcome")
+        )
+        for (kind, outcome), count in list(telemetry.outcomes.items()):
+            outcomes.add_metric((kind, outcome), count)
+        yield outcomes
+        events = gateway.events
+        subscribers = GaugeMetricFamily(f"{PREFIX}_event_subscribers", "Open event subscriptions", labels=("stream",))
+        subscribers.add_metric(("kv",), events.kv.subscriber_count)
+        subscribers.add_metric(("runtime",), events.runtime.subscriber_count)
+        yield subscribers
+        dropped = CounterMetricFamily(
+            f"{PREFIX}_event_subscribers_dropped", "Subscriptions ended for falling behind", labels=("stream",)
+        )
+        dropped.add_metric(("kv",), events.kv.dropped_subscribers)
+        dropped.add_metric(("runtime",), events.runtime.dropped_subscribers)
+        yield dropped
+        yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
+
+    def _engines(self) -> Iterator[Metric]:
+        gateway = self._gateway
+        monitor = gateway.monitor
+        running = GaugeMetricFamily(f"{PREFIX}_engine_running_requests", "Requests the engine runs", labels=("model",))
+        queued = GaugeMetricFamily(f"{PREFIX}_engine_queued_requests", "Requests the engine queues", labels=("model",))
+        for model, load in list(monitor.load.items()):
+            if load.HasField("running_requests"):
+                running.add_metric((model,), load.running_requests)
+            if load.HasField("queued_requests"):
+                queued.add_metric((model,), load.queued_requests)
+        yield running
+        yield queued
+        health = GaugeMetricFamily(
+            f"{PREFIX}_engine_health", "1 for the engine's current health state", labels=("model", "state")
+        )
+        for model, state in list(monitor.health.items()):
+            current = pb.HealthState.Name(state)
+            for name in _HEALTH_STATES:
+                health.add_metric((model, name.removeprefix("HEALTH_STATE_")), 1.0 if name == current else 0.0)
+        yield health
+        yield GaugeMetricFamily(
+            f"{PREFIX}_serving", "1 while the gateway admits requests and its engines are ready", float(gateway.serving)
+        )
+
+
+def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
+    buckets = histogram.cumulative()
+    return HistogramMetricFamily(
+        name,
+        documentation,
+        buckets=[("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in buckets],
+        sum_value=histogram.total,
+    )
+
+
+__all__ = ["PREFIX", "MetricsExporter"]

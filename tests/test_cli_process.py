@@ -1,0 +1,62 @@
+"""The ``openengine-gateway`` command end to end: real processes, real ports, SIGTERM.
+
+Covers the paths only a process has: plugin discovery through installed entry points (a
+third-party distribution included), the ``[plugins] allow`` list, flags to driver options, the
+startup line, fan-out from one gateway process to another, and a graceful stop with exit 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from openengine_gateway.client import OpenEngineClient, text_request
+from openengine_gateway.plugins import installed_backends
+
+from tests.process import gateway_process
+
+
+async def test_serves_mock_and_stops_gracefully(tmp_path: Path) -> None:
+    async with gateway_process("--backend", "mock", "--served-model-name", "m", cwd=tmp_path) as gateway:
+        async with await OpenEngineClient.connect(gateway.address) as client:
+            completion = await client.generate(text_request("Hello", model="m", max_tokens=4))
+        assert completion.outputs[0].tokens
+        assert await gateway.stop() == 0
+
+
+@pytest.mark.skipif(
+    "echo" not in {b.name for b in installed_backends()},
+    reason="the example plugin is not installed (pip install ./examples/openengine-echo-backend)",
+)
+async def test_a_third_party_plugin_from_its_own_distribution(tmp_path: Path) -> None:
+    (echo,) = [b for b in installed_backends() if b.name == "echo"]
+    assert echo.distribution == "openengine-echo-backend"  # a separate distribution, not this project
+    config = tmp_path / "plugins.toml"
+    config.write_text('[plugins]\nallow = ["echo"]\n')
+    async with gateway_process("--backend", "echo", "--config", str(config), "--repeat", "2", cwd=tmp_path) as gateway:
+        async with await OpenEngineClient.connect(gateway.address) as client:
+            completion = await client.generate(text_request("abc", model="echo"))
+        assert completion.outputs[0].text == "abcabc"
+        assert await gateway.stop() == 0
+
+
+async def test_a_plugin_outside_the_allow_list_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "plugins.toml"
+    config.write_text('[plugins]\nallow = ["vllm"]\n')
+    with pytest.raises(AssertionError, match="not allowed by the configuration"):
+        async with gateway_process("--backend", "mock", "--config", str(config), cwd=tmp_path):
+            pass
+
+
+async def test_fan_out_to_a_gateway_in_another_process(tmp_path: Path) -> None:
+    async with gateway_process("--backend", "mock", cwd=tmp_path) as back:
+        front_args = ("--backend", "remote", "--target", back.address, "--served-model-name", "front")
+        async with gateway_process(*front_args, cwd=tmp_path) as front:
+            async with await OpenEngineClient.connect(front.address) as client:
+                assert client.engine_info is not None and client.engine_info.engine_name == "mock"
+                completion = await client.generate(text_request("Hello", model="front", max_tokens=4, seed=1))
+            async with await OpenEngineClient.connect(back.address) as client:
+                direct = await client.generate(text_request("Hello", model="mock-model", max_tokens=4, seed=1))
+            assert completion.outputs[0].token_ids == direct.outputs[0].token_ids
+            assert await front.stop() == 0
+        assert await back.stop() == 0
