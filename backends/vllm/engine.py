@@ -19,7 +19,14 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from openengine_gateway import pb
-from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, NotFound, RequestError
+from openengine_gateway.errors import (
+    EngineFailure,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RequestError,
+    Unavailable,
+)
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -33,9 +40,10 @@ from openengine_gateway.spi import (
     ScoreCall,
 )
 
+from ..zmq_kv_events import subscribe
+from ..zmq_kv_replay import repair_gaps
 from . import capabilities, mapping
 from .engine_args import engine_kwargs
-from .kv_events import subscribe
 from .outputs import RequestStream
 from .pooling import PoolingEngine, PoolingModel, task_capabilities
 from .settings import VllmSettings
@@ -47,7 +55,7 @@ def _stats_logger(sink: dict[int, Any]) -> Any:
     """A vLLM stat logger class that keeps each engine's latest ``SchedulerStats`` in ``sink``."""
     from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-    class LatestSchedulerStats(AggregateStatLoggerBase):
+    class LatestSchedulerStats(AggregateStatLoggerBase):  # type: ignore[misc]  # vLLM is Any to mypy (pyproject.toml)
         def __init__(self, vllm_config: Any, engine_indexes: list[int]) -> None:
             del vllm_config, engine_indexes
 
@@ -190,7 +198,8 @@ class VllmBackend(Backend):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Validate against the started engine (tokenizing text prompts), then stream."""
-        self._running()
+        if self._running().errored:
+            raise Unavailable("the vLLM engine core died; restart this gateway", retry_after_ms=1000)
         features = self._features
         assert features is not None
         if "generate" not in features.supported_tasks:
@@ -375,9 +384,12 @@ class VllmBackend(Backend):
         return capabilities.kv_event_sources(self._running().get_kv_event_sources())
 
     def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
-        """vLLM's published KV events, decoded into batches (vLLM's sequence numbers kept)."""
+        """vLLM's published KV events, decoded into batches (vLLM's sequence numbers kept), with
+        skipped batches replayed from vLLM's replay socket when it has one."""
         sources = self._running().get_kv_event_sources()
-        return subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
+        batches = subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
+        replay = {rank: events.replay_endpoint for rank, events in sources.items() if events.replay_endpoint}
+        return repair_gaps(batches, replay)
 
     def _running(self) -> Any:
         if self._engine is None:
@@ -394,7 +406,7 @@ def engine_failure(exc: BaseException) -> EngineFailure:
     if isinstance(exc, VLLMValidationError):
         return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, f"vLLM rejected the request: {exc}")
     if isinstance(exc, EngineDeadError):
-        return EngineFailure(pb.ERROR_CODE_INTERNAL, "the vLLM engine core died")
+        return EngineFailure(pb.ERROR_CODE_INTERNAL, "the vLLM engine core died", retryable=True, retry_after_ms=1000)
     if kind in ("QueueOverflowError", "MaxQueuedTokensError"):
         return EngineFailure(pb.ERROR_CODE_OVERLOADED, f"vLLM is full: {exc}", retryable=True, retry_after_ms=100)
     cause = exc.__cause__ or exc

@@ -40,7 +40,7 @@ def _parse_strings(strings: Mapping[str, str]) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(exit_on_error=False))  # type: ignore[no-untyped-call]
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(exit_on_error=False))
     actions = {action.dest: action for action in parser._actions if action.option_strings}
     converted: dict[str, Any] = {}
     for name, value in strings.items():

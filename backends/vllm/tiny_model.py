@@ -59,9 +59,7 @@ def build_tokenizer(directory: Path) -> None:
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     bos = tokenizer.token_to_id(BOS)
     tokenizer.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, bos)])
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD)
     fast.save_pretrained(str(directory))
 
 
@@ -87,7 +85,7 @@ def build_model(directory: Path, *, max_positions: int = 1024) -> None:
         dtype="float32",
     )
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" not in name:

@@ -11,7 +11,6 @@ MODULES = [
     "capabilities",
     "engine",
     "engine_args",
-    "kv_events",
     "mapping",
     "outputs",
     "pooling",

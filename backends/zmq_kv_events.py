@@ -1,15 +1,17 @@
-"""vLLM's ZMQ KV-event stream → ``pb.KvEventBatch``: a SUB socket and a msgpack decoder.
+"""Engine-native ZMQ KV-event streams → ``pb.KvEventBatch``: a SUB socket and a msgpack decoder.
 
-vLLM's ``ZmqEventPublisher`` (one per data-parallel rank) sends three frames per batch: the
-topic, an 8-byte big-endian sequence number (from 0) and a msgpack ``KVEventBatch`` encoded
-array-like as ``[ts, events, data_parallel_rank]``. Events are tagged structs, and vLLM builds
-have encoded them two ways: as maps carrying the tag under ``"type"`` (current releases) and
-as arrays whose first element is the tag followed by the fields in declaration order (earlier
-releases). Both are decoded. Block hashes are bytes (sha256) or 64-bit ints
-(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+vLLM's and SGLang's ``ZmqEventPublisher`` (one per data-parallel rank) publish the same wire
+format, so both drivers decode with this module: three frames per batch, the topic, an 8-byte
+big-endian sequence number (from 0) and a msgpack batch encoded array-like as ``[ts, events,
+rank]`` (vLLM's ``data_parallel_rank``, SGLang's ``attn_dp_rank``). Events are tagged structs,
+encoded two ways: as maps carrying the tag under ``"type"`` (current vLLM and SGLang releases)
+and as arrays whose first element is the tag followed by the fields in vLLM's declaration
+order (earlier vLLM releases). Both are decoded; fields a release adds that OpenEngine has no
+place for (SGLang's ``cache_salt`` and ``session_id``) are ignored. Block hashes are bytes
+(sha256) or 64-bit ints (SGLang always, vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
 
-vLLM's sequence numbers are kept, plus one: the gateway reads a zero as "number this batch
-for me", and vLLM's first batch is number zero.
+The engine's sequence numbers are kept, plus one: the gateway reads a zero as "number this
+batch for me", and an engine's first batch is number zero.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 import zmq
 import zmq.asyncio
 from openengine_gateway import pb
 
-_MEDIUMS = {
+_MEDIUMS = {  # vLLM's names, then SGLang's ``StorageMedium`` values
     "GPU": pb.STORAGE_MEDIUM_GPU,
     "CPU": pb.STORAGE_MEDIUM_CPU_PINNED,
     "DISK": pb.STORAGE_MEDIUM_DISK,
     "STORAGE": pb.STORAGE_MEDIUM_EXTERNAL,
+    "CPU_PINNED": pb.STORAGE_MEDIUM_CPU_PINNED,
+    "EXTERNAL": pb.STORAGE_MEDIUM_EXTERNAL,
 }
 _STORED_FIELDS = (
     "block_hashes",
@@ -46,7 +50,7 @@ _FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllB
 
 
 def block_hash(value: bytes | int) -> pb.KvBlockHash:
-    """A vLLM block hash: sha256 bytes as they are, an int as 8 big-endian bytes (``int64``)."""
+    """A block hash: sha256 bytes as they are, an int as 8 big-endian bytes (``int64``)."""
     if isinstance(value, bytes):
         return pb.KvBlockHash(value=value, encoding="bytes")
     return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=value < 0), encoding="int64")
@@ -64,7 +68,7 @@ def _fields(event: Any) -> tuple[str, dict[str, Any]]:
 
 
 def decode_event(event: Any) -> pb.KvEvent:
-    """One vLLM ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
+    """One ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
     tag, fields = _fields(event)
     medium = _MEDIUMS.get(str(fields.get("medium") or ""), pb.STORAGE_MEDIUM_UNSPECIFIED)
     if tag == "BlockStored":
@@ -98,7 +102,7 @@ def decode_event(event: Any) -> pb.KvEvent:
 
 
 def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.KvEventBatch:
-    """One published batch (``[ts, events, data_parallel_rank]``, or a map of those names)."""
+    """One published batch (``[ts, events, rank]``, or a map of those names)."""
     raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     if isinstance(raw, Mapping):
         ts, events, rank = raw.get("ts", 0.0), raw.get("events", ()), raw.get("data_parallel_rank")

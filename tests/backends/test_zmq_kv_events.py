@@ -1,4 +1,4 @@
-"""vLLM's ZMQ/msgpack KV event batches → ``KvEventBatch``, in both event encodings."""
+"""vLLM's and SGLang's ZMQ/msgpack KV event batches → ``KvEventBatch``, in every event encoding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from openengine_backends.vllm.kv_events import block_hash, connect_address, decode_batch, subscribe
+from openengine_backends.zmq_kv_events import block_hash, connect_address, decode_batch, subscribe
 from openengine_gateway import pb
 
 H1, H2 = b"\x01" * 32, b"\x02" * 32
@@ -61,6 +61,37 @@ def test_both_encodings_decode_alike(payload: bytes) -> None:
     )
     assert removed.block_removed.medium == pb.STORAGE_MEDIUM_CPU_PINNED
     assert cleared.HasField("all_blocks_cleared")
+
+
+def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
+    """As SGLang 0.5.23 encodes (``disaggregation/kv_events.py``): int hashes, ``CPU_PINNED``/``EXTERNAL``
+    mediums, ``cache_salt`` and ``session_id`` on ``BlockStored``, and the batch's third element the
+    attention-DP rank."""
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [-7, 9],
+        "parent_block_hash": None,
+        "token_ids": [1, 2, 3, 4, 5, 6, 7, 8],
+        "block_size": 4,
+        "lora_id": None,
+        "medium": "CPU_PINNED",
+        "cache_salt": "tenant",
+        "session_id": "s",
+        "lora_name": "ad",
+    }
+    removed = {"type": "BlockRemoved", "block_hashes": [9], "medium": "EXTERNAL"}
+    batch = decode_batch(msgpack.packb([2.0, [stored, removed], 1]), 0)
+    first, second = batch.events
+    assert batch.data_parallel_rank == 1
+    assert first.block_stored == pb.BlockStored(
+        block_hashes=[block_hash(-7), block_hash(9)],
+        token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+        block_size=4,
+        lora_name="ad",
+        medium=pb.STORAGE_MEDIUM_CPU_PINNED,
+    )
+    assert not first.block_stored.HasField("parent_block_hash")
+    assert second.block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
 
 
 def test_int_hashes_and_a_missing_rank() -> None:
