@@ -1,0 +1,399 @@
+"""``SglangBackend``: SGLang's offline ``Engine`` in process, behind the OpenEngine SPI.
+
+With ``server_args.py`` this is the only module of the driver that imports SGLang, and it does
+so when the engine starts, so loading the plugin, validating settings and the mapping tests need
+no SGLang (which needs CUDA).
+
+Requests are validated against the started engine before acceptance: text prompts are tokenized
+here with SGLang's own tokenizer (as its tokenizer manager would) so the prompt length is known,
+and everything SGLang would refuse is refused by ``mapping``. Each output runs as one SGLang
+request whose cumulative stream ``outputs.RequestStream`` turns into deltas; the driver's tasks
+feed one ``EventStream``. Requests go in as the ``GenerateReqInput`` that ``Engine.async_generate``
+would build, through the same ``TokenizerManager.generate_request`` (``async_generate`` cannot
+ask for token texts with logprobs). Closing SGLang's generator makes SGLang abort the request
+itself, so cancelling a task is how work stops; ``abort`` also tells SGLang's scheduler directly.
+
+Disaggregation: a prefill request ends its OpenEngine stream with ``PrefillReady`` at admission,
+carrying SGLang's bootstrap host, port and room, while ``sessions.PrefillSessions`` keeps the SGLang
+prefill running until the decode engine, which SGLang runs concurrently, took the KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from openengine_gateway import pb
+from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, RequestError
+from openengine_gateway.spi import (
+    Backend,
+    BackendSettings,
+    ClassifyCall,
+    EmbedCall,
+    EngineFacts,
+    EventStream,
+    GenerationRequest,
+    LoraAdapter,
+    PrefillDone,
+    ScoreCall,
+    UsageReport,
+)
+
+from ..zmq_kv_events import subscribe
+from . import capabilities, mapping
+from .capabilities import EngineState
+from .outputs import RequestStream
+from .sessions import PrefillSessions
+from .settings import SglangSettings
+from .tasks import TaskRunner, task_capabilities
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+@dataclass
+class _InFlight:
+    """The SGLang request ids of one OpenEngine request, and the task feeding its stream."""
+
+    rids: Sequence[str]
+    task: asyncio.Task[None] | None = None
+
+
+class SglangBackend(Backend):
+    """SGLang's ``Engine`` serving one model (``--backend sglang --model PATH``)."""
+
+    name: ClassVar[str] = capabilities.ENGINE_NAME
+    Settings: ClassVar[type[BackendSettings]] = SglangSettings
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self._engine: Any = None
+        self._state: EngineState | None = None
+        self._limits = mapping.EngineLimits(max_context=1, max_prompt=0, vocab_size=1)
+        self._tasks: TaskRunner | None = None
+        self._generate_request: Any = None
+        self._serial = itertools.count(1)
+        self._in_flight: dict[str, _InFlight] = {}
+        self._sessions = PrefillSessions(self._abort_rid)
+        self._bootstrap = ("", 0)
+
+    @property
+    def engine(self) -> Any:
+        """The running SGLang ``Engine`` (None before ``start`` and after ``stop``)."""
+        return self._engine
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> EngineFacts:
+        """Launch SGLang's processes (in a thread: it blocks while the model loads), then describe it."""
+        settings = self.settings
+        assert isinstance(settings, SglangSettings)
+        import sglang
+
+        from .server_args import server_kwargs
+
+        kwargs = server_kwargs(settings.model, settings.server_options)
+        if kwargs.get("incremental_streaming_output"):
+            raise ConfigError(
+                "sglang: incremental_streaming_output is not supported (the driver reads SGLang's default)"
+            )
+        self._engine = await asyncio.to_thread(sglang.Engine, **kwargs)
+        try:
+            return await self._describe(sglang.__version__)
+        except BaseException:
+            await asyncio.to_thread(self._engine.shutdown)
+            raise
+
+    async def _describe(self, version: str) -> EngineFacts:
+        """Read the started engine's facts.
+
+        SGLang's tokenizer manager binds its output loop to the loop that first uses it, and
+        installs its SIGTERM handler there: starting it here, on the gateway's loop, lets the
+        gateway's own signal handling (installed after the engines start) take precedence.
+        """
+        from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+
+        manager = self._engine.tokenizer_manager
+        self._generate_request = GenerateReqInput
+        manager.auto_create_handle_loop()
+        server = (await manager.get_internal_state())[0]
+        state = self._state = capabilities.engine_state(manager, server)
+        self._limits = capabilities.engine_limits(state)
+        host = str(server.get("host") or "")
+        self._bootstrap = (
+            socket.gethostname() if host in _WILDCARDS else host,
+            int(server.get("disaggregation_bootstrap_port") or 0),
+        )
+        info = capabilities.model_info(state)
+        tasks = task_capabilities(state)
+        if tasks is not None:
+            info.tasks.CopyFrom(tasks)
+            self._tasks = TaskRunner(self._engine, state, self._limits, EmbeddingReqInput, GenerateReqInput)
+        return EngineFacts(
+            engine_name=capabilities.ENGINE_NAME,
+            engine_version=version,
+            model=info,
+            role=self._limits.role,
+            parallelism=capabilities.parallelism(server),
+            kv_connector=capabilities.kv_connector(server, self._bootstrap[0]),
+            lora_adapters=capabilities.startup_adapters(manager) if capabilities.lora_enabled(server) else (),
+            publishes_kv_events=bool(capabilities.kv_event_publishers(server)),
+        )
+
+    async def stop(self) -> None:
+        """Abort everything SGLang still runs, then shut its processes down."""
+        if self._engine is None:
+            return
+        self._sessions.release_all()
+        for running in self._in_flight.values():
+            if running.task is not None:
+                running.task.cancel()
+        engine, self._engine = self._engine, None
+        engine.tokenizer_manager.abort_request(abort_all=True)
+        await asyncio.to_thread(engine.shutdown)
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> EventStream:
+        """Validate against the started engine (tokenizing text prompts), then stream."""
+        engine, state = self._running(), self._state
+        assert state is not None
+        if not state.is_generation:
+            raise FailedPrecondition("this SGLang engine serves an embedding model: Embed, Classify or Score")
+        input_ids = request.prompt_token_ids
+        if request.prompt is not None and not request.media:
+            input_ids = mapping.tokenize(engine.tokenizer_manager.tokenizer, request.prompt)
+        plan = mapping.plan_generation(request, self._limits, input_ids=input_ids)
+        rids = [mapping.request_rid(next(self._serial), request.request_id, i) for i in range(len(plan.outputs))]
+        prompt_tokens = None if input_ids is None else len(input_ids)
+        stream = EventStream()
+        if self._limits.role == pb.ENGINE_ROLE_PREFILL:
+            assert prompt_tokens is not None
+            self._prefill(request, plan, rids[0], prompt_tokens, stream)
+            return stream
+        outputs = RequestStream(
+            request,
+            eos_token_ids=self._limits.eos_token_ids,
+            prompt_tokens=prompt_tokens,
+            reasoning=bool(state.server.get("reasoning_parser")),
+            decode=mapping.text_decoder(engine.tokenizer_manager.tokenizer),
+        )
+        running = self._in_flight[request.request_id] = _InFlight(rids)
+        running.task = asyncio.create_task(self._run(request.request_id, running, plan, outputs, stream))
+        return stream
+
+    async def _run(
+        self,
+        request_id: str,
+        running: _InFlight,
+        plan: mapping.GenerationPlan,
+        outputs: RequestStream,
+        stream: EventStream,
+    ) -> None:
+        """Every output's SGLang stream into ``stream``; a failure ends them all."""
+        pumps = [asyncio.create_task(self._pump(i, rid, plan, outputs, stream)) for i, rid in enumerate(running.rids)]
+        try:
+            await asyncio.gather(*pumps)
+            stream.finish()
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except Exception as exc:  # broad on purpose: every failure becomes the one terminal EngineError
+            stream.fail(engine_failure(exc))
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            if self._in_flight.get(request_id) is running:
+                del self._in_flight[request_id]
+
+    async def _pump(
+        self, index: int, rid: str, plan: mapping.GenerationPlan, outputs: RequestStream, stream: EventStream
+    ) -> None:
+        generator = self._submit({**plan.shared, **plan.outputs[index], "rid": rid})
+        try:
+            async for out in generator:
+                for event in outputs.events(index, out):
+                    stream.put(event)
+                if outputs.finished(index):
+                    break  # closing the stream below makes SGLang abort what it still runs
+        finally:
+            await generator.aclose()
+
+    def _prefill(
+        self,
+        request: GenerationRequest,
+        plan: mapping.GenerationPlan,
+        rid: str,
+        prompt_tokens: int,
+        stream: EventStream,
+    ) -> None:
+        """Hand the decode side its bootstrap coordinates now; keep SGLang's prefill running."""
+        host, port = self._bootstrap
+        session = mapping.prefill_session(
+            request.request_id,
+            host=host,
+            port=port,
+            room=random.getrandbits(53),
+            limits=self._limits,
+            routed_rank=request.data_parallel_rank,
+        )
+        kwargs = {**plan.shared, **plan.outputs[0], **mapping.prefill_kwargs(session), "rid": rid}
+        self._sessions.hold(session.session_id, rid, lambda: self._drain(session.session_id, kwargs))
+        stream.put(UsageReport(prompt_tokens=prompt_tokens, completion_tokens=0))
+        stream.put(PrefillDone(session))
+        stream.finish()
+
+    async def _drain(self, session_id: str, kwargs: dict[str, Any]) -> None:
+        """Run one SGLang prefill to its end (the KV sent, or aborted)."""
+        generator = self._submit(kwargs)
+        try:
+            async for out in generator:
+                reason = out["meta_info"].get("finish_reason") or {}
+                if reason.get("type") == "abort":
+                    log.info("KV session %s ended: %s", session_id, reason.get("message"))
+        finally:
+            await generator.aclose()
+
+    def _submit(self, fields: dict[str, Any]) -> Any:
+        """SGLang's stream of one request (what ``Engine.async_generate(stream=True)`` returns)."""
+        return self._engine.tokenizer_manager.generate_request(self._generate_request(**fields), None)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort every SGLang request of ``request_id`` (its outputs, or a task call's items)."""
+        running = self._in_flight.pop(request_id, None)
+        if running is None or self._engine is None:
+            return
+        for rid in running.rids:
+            self._abort_rid(rid)
+        if running.task is not None:
+            running.task.cancel()
+
+    async def abort_kv_session(self, session_id: str) -> bool:
+        """Abort the SGLang prefill that holds ``session_id``'s KV for a decode engine."""
+        return self._sessions.release(session_id)
+
+    async def abort_all_kv_sessions(self) -> int:
+        """Abort every prefill still waiting for its decode engine."""
+        return self._sessions.release_all()
+
+    def _abort_rid(self, rid: str) -> None:
+        if self._engine is not None:
+            self._engine.tokenizer_manager.abort_request(rid)
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+        """Embeddings from SGLang's embedding model."""
+        runner, rids = self._task(call.context.request_id, len(call.items))
+        return await self._tracked(call.context.request_id, runner.embed(call, rids))
+
+    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+        """Class scores from SGLang's sequence-classification model."""
+        runner, rids = self._task(call.context.request_id, len(call.items))
+        return await self._tracked(call.context.request_id, runner.classify(call, rids))
+
+    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+        """Label-token scores (generation models) or cross-encoder scores (classifiers)."""
+        count = sum(len(group.candidates) for group in call.groups)
+        runner, rids = self._task(call.context.request_id, count)
+        return await self._tracked(call.context.request_id, runner.score(call, rids))
+
+    def _task(self, request_id: str, items: int) -> tuple[TaskRunner, list[str]]:
+        if self._tasks is None:
+            raise FailedPrecondition("this SGLang engine serves no Embed, Classify or Score task")
+        rids = [mapping.request_rid(next(self._serial), request_id, i) for i in range(items)]
+        self._in_flight[request_id] = _InFlight(rids)
+        return self._tasks, rids
+
+    async def _tracked(self, request_id: str, call: Awaitable[_T]) -> _T:
+        try:
+            return await call
+        except (RequestError, EngineFailure, asyncio.CancelledError):
+            raise
+        except ValueError as exc:  # SGLang's tokenizer manager validates by raising ValueError
+            raise InvalidArgument(f"SGLang rejected the request: {exc}") from None
+        finally:
+            self._in_flight.pop(request_id, None)
+
+    # -- LoRA -----------------------------------------------------------------------------
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        """``Engine.async_load_lora_adapter``; requests then name the adapter as ``lora_path``."""
+        result = await self._running().async_load_lora_adapter(adapter.lora_name, adapter.source_path)
+        if not result.success:
+            raise InvalidArgument(f"SGLang could not load adapter {adapter.lora_name!r}: {result.error_message}")
+
+    async def unload_lora(self, adapter: LoraAdapter) -> None:
+        """``Engine.async_unload_lora_adapter`` (SGLang waits for the requests using it)."""
+        result = await self._running().async_unload_lora_adapter(adapter.lora_name)
+        if not result.success:
+            raise FailedPrecondition(f"SGLang could not unload adapter {adapter.lora_name!r}: {result.error_message}")
+
+    # -- health, load, KV events ----------------------------------------------------------
+
+    async def check_health(self) -> list[pb.HealthCheck]:
+        """Liveness: SGLang's scheduler and detokenizer processes run and it is not exiting."""
+        engine = self._engine
+        if engine is None:
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+        if engine.tokenizer_manager.gracefully_exit:
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="SGLang is shutting down")]
+        dead = [pid for pid in engine.get_all_child_pids() if not process_alive(pid)]
+        if dead:
+            message = f"SGLang processes exited: {dead}"
+            return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=message)]
+        return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_READY, message="SGLang processes running")]
+
+    async def load(self) -> pb.LoadInfo:
+        """Running, waiting and KV usage per DP rank from SGLang's load snapshots."""
+        if self._engine is None or self._state is None:
+            return pb.LoadInfo()
+        snapshots = await self._engine.tokenizer_manager.get_loads()
+        return capabilities.load_info(snapshots, page_size=self._state.page_size, kv_sessions=len(self._sessions))
+
+    def kv_event_sources(self) -> list[pb.KvEventSource]:
+        """SGLang's ZMQ KV-event publishers, one per data-parallel rank."""
+        self._running()
+        assert self._state is not None
+        return capabilities.kv_event_sources(self._state.server)
+
+    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """SGLang's published KV events, decoded into batches (its sequence numbers kept)."""
+        self._running()
+        assert self._state is not None
+        return subscribe(capabilities.kv_event_publishers(self._state.server))
+
+    def _running(self) -> Any:
+        if self._engine is None:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the SGLang engine is not running")
+        return self._engine
+
+
+def process_alive(pid: int) -> bool:
+    """A child process that still runs: listed in ``/proc`` and not a zombie (SGLang runs on Linux only)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def engine_failure(exc: BaseException) -> EngineFailure:
+    """An exception from SGLang after acceptance as the contract's terminal failure."""
+    if isinstance(exc, EngineFailure):
+        return exc
+    if isinstance(exc, ValueError):
+        return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, f"SGLang rejected the request: {exc}")
+    return EngineFailure(pb.ERROR_CODE_INTERNAL, f"SGLang failed: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["SglangBackend", "engine_failure", "process_alive"]

@@ -1,0 +1,31 @@
+"""Every module of the SGLang driver, and the shared KV-event modules, keep ``__all__`` honest."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+MODULES = [
+    *(
+        f"openengine_backends.sglang.{m}"
+        for m in ("capabilities", "engine", "mapping", "outputs", "server_args", "sessions", "settings", "tasks")
+    ),
+    "openengine_backends.zmq_kv_events",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_lists_exactly_the_public_definitions(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert all(hasattr(module, member) for member in exported)
+    defined = {
+        member
+        for member, value in vars(module).items()
+        if not member.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__ == name
+    }
+    assert defined <= exported, sorted(defined - exported)
