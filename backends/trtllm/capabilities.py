@@ -1,0 +1,255 @@
+"""A started TensorRT-LLM engine's facts → what the driver advertises and reports: pure.
+
+``EngineFeatures`` holds what ``engine.py`` read off the started ``LLM`` (its resolved
+arguments, the first iteration statistics, the signature of ``generate_async``). ``ModelInfo``
+built from it is both what discovery returns and what the gateway enforces, so a feature is
+advertised only when the started engine honours it: guidance only with a grammar backend
+(without one TensorRT-LLM drops the guide silently), priority only when ``generate_async``
+takes one and the scheduler orders by it, candidates only as top-N (all TensorRT-LLM returns).
+Prompt logprobs are reported unsupported: TensorRT-LLM returns each prompt position's top-k,
+not the prompt token's own logprob, which every ``PromptOutput`` record must carry.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from openengine_gateway import pb
+
+ENGINE_NAME = "tensorrt_llm"
+
+DEFAULT_MAX_TOP_LOGPROBS = 20
+"""TensorRT-LLM's cap on top logprobs where the installed release does not export one
+(``sampling_params.MAX_TOP_LOGPROBS``, 20 when it was introduced)."""
+
+_ALL_BUT_TAGS = (
+    pb.GUIDED_DECODING_MODE_JSON_SCHEMA,
+    pb.GUIDED_DECODING_MODE_REGEX,
+    pb.GUIDED_DECODING_MODE_EBNF_GRAMMAR,
+    pb.GUIDED_DECODING_MODE_CHOICE,
+    pb.GUIDED_DECODING_MODE_JSON_OBJECT,
+)
+GUIDED_MODES_BY_BACKEND: Mapping[str, tuple[pb.GuidedDecodingMode.ValueType, ...]] = {
+    "xgrammar": (*_ALL_BUT_TAGS, pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG),
+    # llguidance has no structural-tag matcher; choice is served as a regex by both.
+    "llguidance": _ALL_BUT_TAGS,
+}
+
+ROLES: Mapping[str, pb.EngineRole.ValueType] = {
+    "aggregated": pb.ENGINE_ROLE_AGGREGATED,
+    "prefill": pb.ENGINE_ROLE_PREFILL,
+    "decode": pb.ENGINE_ROLE_DECODE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFeatures:
+    """What a started engine is and honours; ``None`` where it cannot say."""
+
+    max_seq_len: int | None = None
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    tokens_per_block: int | None = None
+    total_kv_blocks: int | None = None
+    """KV blocks of one rank's primary pool (the first iteration statistics' ``maxNumBlocks``)."""
+    has_tokenizer: bool = True
+    lora: bool = False
+    guided_backend: str | None = None
+    priority: bool = False
+    cache_salt: bool = False
+    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    eos_token_ids: tuple[int, ...] = ()
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    attention_dp: bool = False
+    role: pb.EngineRole.ValueType = pb.ENGINE_ROLE_AGGREGATED
+    transfer_backend: str = ""
+    kv_events: bool = False
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Attention data parallelism runs one attention rank per tensor-parallel rank."""
+        return self.tensor_parallel_size if self.attention_dp else 1
+
+
+def eos_ids(llm: Any) -> tuple[int, ...]:
+    """The id TensorRT-LLM ends on (``end_id``): the tokenizer's EOS, else the model config's."""
+    eos = getattr(llm.tokenizer, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(getattr(llm, "_hf_model_config", None), "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+    return (int(eos),) if isinstance(eos, int) else ()
+
+
+def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max_top_logprobs: int) -> EngineFeatures:
+    """A started ``LLM``'s facts, from its resolved arguments, first statistics and signature.
+
+    Read duck-typed by TensorRT-LLM's names. The context length falls back to the model
+    config TensorRT-LLM parsed (``_hf_model_config``) when ``max_seq_len`` was not given.
+    """
+    args = llm.args
+    kv_config = getattr(args, "kv_cache_config", None)
+    kv_stats = (stats or {}).get("kvCacheStats") or {}
+    accepted = inspect.signature(llm.generate_async).parameters
+    policy = str(getattr(getattr(args, "scheduler_config", None), "waiting_queue_policy", "") or "").lower()
+    transceiver = getattr(args, "cache_transceiver_config", None)
+    hf_config = getattr(llm, "_hf_model_config", None)
+    return EngineFeatures(
+        max_seq_len=args.max_seq_len or getattr(hf_config, "max_position_embeddings", None),
+        max_batch_size=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
+        tokens_per_block=kv_stats.get("tokensPerBlock") or getattr(kv_config, "tokens_per_block", None),
+        total_kv_blocks=kv_stats.get("maxNumBlocks"),
+        has_tokenizer=llm.tokenizer is not None,
+        lora=bool(getattr(args, "enable_lora", False) or getattr(args, "lora_config", None) is not None),
+        guided_backend=args.guided_decoding_backend,
+        priority="priority" in accepted and "priority" in policy,
+        cache_salt="cache_salt" in accepted,
+        max_top_logprobs=max_top_logprobs,
+        eos_token_ids=eos_ids(llm),
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        attention_dp=bool(args.enable_attention_dp),
+        role=ROLES[role],
+        transfer_backend=str(getattr(transceiver, "backend", "") or "").lower(),
+        kv_events=(getattr(kv_config, "event_buffer_max_size", 0) or 0) > 0,
+    )
+
+
+def guided_capabilities(backend: str | None) -> pb.GuidedDecodingCapabilities:
+    """The guide kinds the engine's grammar backend builds; none without a backend."""
+    modes = GUIDED_MODES_BY_BACKEND.get(backend or "", ())
+    return pb.GuidedDecodingCapabilities(supported=bool(modes), modes=modes)
+
+
+def logprob_capabilities(max_top_n: int) -> pb.LogprobCapabilities:
+    """Top-N candidates up to TensorRT-LLM's cap: it returns neither chosen ids nor whole vocabularies."""
+    return pb.LogprobCapabilities(
+        supported=True, candidate_selection_modes=[pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N], max_top_n=max_top_n
+    )
+
+
+def model_info(features: EngineFeatures, model_id: str) -> pb.ModelInfo:
+    """The advertised capabilities of the model a started engine serves."""
+    info = pb.ModelInfo(
+        model_id=model_id,
+        supports_text_input=features.has_tokenizer,
+        supports_token_ids_input=True,
+        supports_lora=features.lora,
+        supports_multimodal=False,
+    )
+    for field, value in (
+        ("max_context_length", features.max_seq_len),
+        ("max_running_requests", features.max_batch_size),
+        ("max_batched_tokens", features.max_num_tokens),
+        ("kv_block_size", features.tokens_per_block),
+        ("total_kv_blocks", features.total_kv_blocks),
+    ):
+        if value:
+            setattr(info, field, value)
+    info.generation.CopyFrom(
+        pb.GenerationCapabilities(
+            prompt_logprobs=pb.LogprobCapabilities(supported=False),
+            output_logprobs=logprob_capabilities(features.max_top_logprobs),
+            guided_decoding=guided_capabilities(features.guided_backend),
+            supports_priority=features.priority,
+            supports_stop_in_output=True,
+            supports_cache_salt=features.cache_salt,
+            supports_prefix_cache_bypass=False,
+        )
+    )
+    if features.max_batch_size:
+        info.generation.max_num_sequences = features.max_batch_size
+    for task in (info.tasks.embed, info.tasks.classify, info.tasks.score):
+        task.supported = False
+    return info
+
+
+def parallelism(features: EngineFeatures) -> pb.ParallelismInfo:
+    """Tensor and pipeline sizes; attention data-parallel ranks as the data-parallel size."""
+    return pb.ParallelismInfo(
+        tensor_parallel_size=features.tensor_parallel_size,
+        pipeline_parallel_size=features.pipeline_parallel_size,
+        data_parallel_size=features.data_parallel_size,
+        data_parallel_rank=0,
+        data_parallel_start_rank=0,
+    )
+
+
+def kv_connector(features: EngineFeatures) -> pb.KvConnectorInfo | None:
+    """The cache transceiver of a prefill or decode engine (None when aggregated)."""
+    if features.role == pb.ENGINE_ROLE_AGGREGATED:
+        return None
+    decode = features.role == pb.ENGINE_ROLE_DECODE
+    return pb.KvConnectorInfo(
+        enabled=True,
+        transfer_backend=features.transfer_backend,
+        supports_remote_prefill=decode,
+        supports_decode_pull=decode,
+        supports_abort_cleanup=not decode,
+    )
+
+
+def load_info(
+    stats: Mapping[str, Any] | None,
+    *,
+    in_flight: int,
+    held_sessions: int | None,
+    total_blocks: int | None,
+    timestamp_ns: int,
+) -> pb.LoadInfo:
+    """A load snapshot from TensorRT-LLM's latest iteration statistics (camelCase JSON).
+
+    TensorRT-LLM reports statistics only for iterations it runs, so the last ones go stale
+    when it idles: with no request in flight and no KV session held (every request reaches the
+    engine through this driver), running, queued and used are zero, as measured facts; and a
+    request submitted since the last statistics counts as running at least.
+    ``held_sessions`` is the prefill engine's open KV handoffs (None elsewhere); ``timestamp_ns``
+    is when the statistics arrived (or now, when idle).
+    """
+    load = pb.LoadInfo(timestamp_unix_nanos=timestamp_ns)
+    if held_sessions is not None:
+        load.active_kv_sessions = held_sessions
+    if total_blocks:
+        load.total_kv_blocks = total_blocks
+    idle = in_flight == 0 and not held_sessions
+    if idle:
+        load.running_requests = load.queued_requests = 0
+        load.prefill_batch_size = load.decode_batch_size = 0
+        if total_blocks:
+            load.used_kv_blocks = 0
+        return load
+    if stats is None:
+        return load
+    batching = stats.get("inflightBatchingStats") or {}
+    kv = stats.get("kvCacheStats") or {}
+    load.queued_requests = int(stats.get("numQueuedRequests", 0)) + int(batching.get("numPausedRequests", 0))
+    # Statistics trail the requests submitted since: each of those is queued or running.
+    load.running_requests = max(int(stats.get("numActiveRequests", 0)), in_flight - load.queued_requests)
+    load.prefill_batch_size = int(batching.get("numContextRequests", 0))
+    load.decode_batch_size = int(batching.get("numGenRequests", 0))
+    if "usedNumBlocks" in kv:
+        load.used_kv_blocks = int(kv["usedNumBlocks"])
+    if kv.get("maxNumBlocks"):
+        load.total_kv_blocks = int(kv["maxNumBlocks"])
+    return load
+
+
+__all__ = [
+    "DEFAULT_MAX_TOP_LOGPROBS",
+    "ENGINE_NAME",
+    "GUIDED_MODES_BY_BACKEND",
+    "ROLES",
+    "EngineFeatures",
+    "engine_features",
+    "eos_ids",
+    "guided_capabilities",
+    "kv_connector",
+    "load_info",
+    "logprob_capabilities",
+    "model_info",
+    "parallelism",
+]

@@ -1,0 +1,395 @@
+"""``TrtllmBackend``: TensorRT-LLM's ``LLM`` (PyTorch backend) in process, behind the OpenEngine SPI.
+
+The only module of the driver that imports TensorRT-LLM, and only when an engine starts, so
+loading the plugin, validating settings and every mapping test run without it.
+
+Requests are validated and *submitted* before acceptance: text prompts are tokenized here
+(the length sizes the output budget), ``SamplingParams`` are built, and ``generate_async``
+is called, so whatever TensorRT-LLM refuses is a gRPC status, not a stream error.
+TensorRT-LLM's request ids are its own: the driver keeps the gateway id → ``RequestOutput``
+handle map, aborts through the handle, and turns its cumulative outputs into deltas
+(``outputs.RequestStream``). A prefill's handle outlives its stream until the decode side
+has pulled the KV cache; it is held by session id, so ``Abort(kv_session)`` releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from openengine_gateway import pb
+from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import AlreadyExists, EngineFailure, InvalidArgument, NotFound, RequestError, Unavailable
+from openengine_gateway.spi import (
+    Backend,
+    BackendSettings,
+    EngineFacts,
+    GenerationEvent,
+    GenerationRequest,
+    LoraAdapter,
+)
+
+from . import capabilities, mapping
+from .kv_events import KvEventMapper
+from .llm_args import llm_kwargs
+from .outputs import RequestStream
+from .sessions import HeldSessions, abort_handle
+from .settings import TrtllmSettings
+
+log = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 0.5
+"""How long one read of TensorRT-LLM's statistics or KV-event queue waits for an entry."""
+IDLE_POLL_S = 0.05
+"""Pause between reads of a queue TensorRT-LLM reported empty (it is not re-armed until a request arrives)."""
+
+
+@dataclass(frozen=True)
+class _Api:
+    """The TensorRT-LLM classes the driver uses, imported once at start."""
+
+    version: str
+    LLM: Any
+    SamplingParams: Any
+    GuidedDecodingParams: Any
+    LoRARequest: Any
+    DisaggregatedParams: Any
+    SchedulingParams: Any
+    max_top_logprobs: int
+
+
+def _import_api() -> tuple[_Api, frozenset[str]]:
+    """TensorRT-LLM's classes and the ``LLM`` argument names (this takes seconds)."""
+    import tensorrt_llm
+    from tensorrt_llm import LLM, SamplingParams, sampling_params
+    from tensorrt_llm.disaggregated_params import DisaggregatedParams
+    from tensorrt_llm.executor.request import LoRARequest
+    from tensorrt_llm.llmapi import TorchLlmArgs
+    from tensorrt_llm.scheduling_params import SchedulingParams
+
+    api = _Api(
+        version=tensorrt_llm.__version__,
+        LLM=LLM,
+        SamplingParams=SamplingParams,
+        GuidedDecodingParams=sampling_params.GuidedDecodingParams,
+        LoRARequest=LoRARequest,
+        DisaggregatedParams=DisaggregatedParams,
+        SchedulingParams=SchedulingParams,
+        max_top_logprobs=getattr(sampling_params, "MAX_TOP_LOGPROBS", capabilities.DEFAULT_MAX_TOP_LOGPROBS),
+    )
+    return api, frozenset(TorchLlmArgs.model_fields)
+
+
+class TrtllmBackend(Backend):
+    """TensorRT-LLM's ``LLM`` serving one model (``--backend trtllm --model PATH_OR_ID``)."""
+
+    name: ClassVar[str] = "trtllm"
+    Settings: ClassVar[type[BackendSettings]] = TrtllmSettings
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self._llm: Any = None
+        self._api: _Api | None = None
+        self._features = capabilities.EngineFeatures()
+        self._handles: dict[str, Any] = {}
+        self._sessions = HeldSessions(self._spawn)
+        self._loras: dict[str, Any] = {}
+        self._lora_ids: dict[int, tuple[str, str]] = {}
+        self._stats: dict[str, Any] | None = None
+        self._stats_ns = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> EngineFacts:
+        """Build ``LLM`` (in a thread: it loads the model), run one token, describe the engine."""
+        settings = self.settings
+        assert isinstance(settings, TrtllmSettings)
+        try:
+            api, known = _import_api()
+        except ImportError as exc:
+            raise ConfigError(
+                f"trtllm: TensorRT-LLM is not importable ({exc}); on a GPU machine: "
+                "pip install --extra-index-url https://pypi.nvidia.com 'openengine-gateway[trtllm]'"
+            ) from None
+        kwargs = llm_kwargs(settings.llm_options, known, role=settings.role)
+        try:
+            self._llm = await asyncio.to_thread(api.LLM, settings.model, **kwargs)
+        except (ValueError, TypeError) as exc:  # pydantic's errors are ValueErrors
+            raise ConfigError(f"trtllm: TensorRT-LLM rejected its arguments: {exc}") from None
+        self._api = api
+        try:
+            self._features = capabilities.EngineFeatures(
+                has_tokenizer=self._llm.tokenizer is not None, eos_token_ids=capabilities.eos_ids(self._llm)
+            )
+            first_stats = await self._warm_up()
+            self._features = capabilities.engine_features(
+                self._llm, stats=first_stats, role=settings.role, max_top_logprobs=api.max_top_logprobs
+            )
+        except BaseException:
+            await asyncio.to_thread(self._llm.shutdown)
+            self._llm = None
+            raise
+        if self._statistics_on():
+            self._spawn(self._pump_stats(), "statistics reader")
+        features = self._features
+        return EngineFacts(
+            engine_name=capabilities.ENGINE_NAME,
+            engine_version=api.version,
+            model=capabilities.model_info(features, settings.model),
+            role=features.role,
+            parallelism=capabilities.parallelism(features),
+            kv_connector=capabilities.kv_connector(features),
+            publishes_kv_events=features.kv_events,
+        )
+
+    async def _warm_up(self) -> dict[str, Any] | None:
+        """One token through the engine; the first iteration statistics hold the resolved KV pool."""
+        params = self._api_().SamplingParams(max_tokens=1, **self._end_id())
+        await self._llm.generate_async({"prompt_token_ids": [0]}, sampling_params=params)
+        latest = None
+        if not self._statistics_on():
+            return None
+        async for stat in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+            latest = stat
+        if latest is not None:
+            self._stats, self._stats_ns = latest, time.time_ns()
+        return latest
+
+    async def stop(self) -> None:
+        """Stop the background readers, release held KV sessions, shut TensorRT-LLM down."""
+        for task in list(self._tasks):
+            task.cancel()
+        await self.abort_all_kv_sessions()
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Tokenize, map, build ``SamplingParams`` and submit, all before acceptance; then stream."""
+        llm = self._running()
+        api = self._api_()
+        features = self._features
+        lora = self._lora(request.lora_name)
+        if request.prompt_token_ids is not None:
+            prompt_ids = list(request.prompt_token_ids)
+        else:
+            prompt_ids = list(llm.tokenizer.encode(request.prompt))
+        plan = mapping.plan_generation(request, features, prompt_len=len(prompt_ids))
+        try:
+            guided = api.GuidedDecodingParams(**plan.guided) if plan.guided else None
+            params = api.SamplingParams(**plan.sampling, guided_decoding=guided)
+            kwargs = self._submit_kwargs(api, plan, request, lora)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
+        try:
+            handle = llm.generate_async(
+                {"prompt_token_ids": prompt_ids}, sampling_params=params, streaming=True, **kwargs
+            )
+        except ValueError as exc:
+            raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
+        except RuntimeError as exc:  # "LLM is shutting down"
+            raise Unavailable(f"TensorRT-LLM cannot take requests: {exc}") from None
+        self._handles[request.request_id] = handle
+        tokenizer = llm.tokenizer
+        stream = RequestStream(
+            request,
+            end_id=features.eos_token_ids[0] if features.eos_token_ids else None,
+            decode=(lambda token: tokenizer.decode([token])) if tokenizer is not None else (lambda _: ""),
+            prefill=features.role == pb.ENGINE_ROLE_PREFILL,
+            transfer_backend=features.transfer_backend,
+        )
+        return self._run(request.request_id, handle, stream)
+
+    @staticmethod
+    def _submit_kwargs(
+        api: _Api, plan: mapping.GenerationPlan, request: GenerationRequest, lora: Any
+    ) -> dict[str, Any]:
+        """``generate_async`` keyword arguments besides the prompt and ``SamplingParams``."""
+        kwargs: dict[str, Any] = {}
+        if lora is not None:
+            kwargs["lora_request"] = lora
+        if plan.disaggregated is not None:
+            kwargs["disaggregated_params"] = api.DisaggregatedParams(**plan.disaggregated)
+        if plan.attention_dp_rank is not None:
+            kwargs["scheduling_params"] = api.SchedulingParams(
+                attention_dp_rank=plan.attention_dp_rank, attention_dp_relax=False
+            )
+        if request.cache_salt is not None:
+            kwargs["cache_salt"] = request.cache_salt
+        if plan.priority is not None:
+            kwargs["priority"] = plan.priority
+        return kwargs
+
+    async def _run(self, request_id: str, handle: Any, stream: RequestStream) -> AsyncIterator[GenerationEvent]:
+        try:
+            async for result in handle:
+                events = stream.events(result)
+                if stream.session is not None:  # held before PrefillReady goes out: the stream may close then
+                    self._sessions.hold(stream.session.session_id, handle)
+                for event in events:
+                    yield event
+                if stream.done:
+                    return
+            raise EngineFailure(
+                pb.ERROR_CODE_INTERNAL, f"TensorRT-LLM ended the request with outputs {stream.unfinished()} open"
+            )
+        except (EngineFailure, RequestError, asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # broad on purpose: every TensorRT-LLM failure becomes one EngineError
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._handles.pop(request_id, None)
+            if stream.session is None and not handle.finished:
+                abort_handle(handle)  # outputs ended by a stop string, or the stream closed early
+
+    async def abort(self, request_id: str) -> None:
+        """Abort through TensorRT-LLM's handle of the request; idempotent."""
+        handle = self._handles.pop(request_id, None)
+        if handle is not None:
+            abort_handle(handle)
+
+    # -- prefill KV sessions --------------------------------------------------------------
+
+    async def abort_kv_session(self, session_id: str) -> bool:
+        """Abort the context request that holds the session's KV cache."""
+        return self._sessions.release(session_id)
+
+    async def abort_all_kv_sessions(self) -> int:
+        """Release every held prefill."""
+        return self._sessions.release_all()
+
+    # -- LoRA -----------------------------------------------------------------------------
+
+    def _lora(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        lora = self._loras.get(name)
+        if lora is None:
+            raise NotFound(f"LoRA adapter {name!r} is not loaded in the TensorRT-LLM engine")
+        return lora
+
+    async def load_lora(self, adapter: LoraAdapter) -> None:
+        """Register a ``LoRARequest`` and prime it with one token, so a bad adapter fails here.
+
+        TensorRT-LLM loads adapters lazily, by id, into a cache it never flushes on request:
+        an id stays bound to its first adapter for the engine's life.
+        """
+        llm = self._running()
+        api = self._api_()
+        key = (adapter.lora_name, adapter.source_path)
+        used = self._lora_ids.get(adapter.lora_id)
+        if used is not None and used != key:
+            raise AlreadyExists(
+                f"lora_id {adapter.lora_id} was {used[0]!r}; TensorRT-LLM may still cache its weights under that id"
+            )
+        try:
+            lora = api.LoRARequest(adapter.lora_name, adapter.lora_id, adapter.source_path)
+            params = api.SamplingParams(max_tokens=1, **self._end_id())
+            await llm.generate_async({"prompt_token_ids": [0]}, sampling_params=params, lora_request=lora)
+        except Exception as exc:  # broad on purpose: TensorRT-LLM raises many kinds for a bad adapter
+            raise InvalidArgument(f"TensorRT-LLM could not load adapter {adapter.lora_name!r}: {exc}") from None
+        self._lora_ids[adapter.lora_id] = key
+        self._loras[adapter.lora_name] = lora
+
+    async def unload_lora(self, adapter: LoraAdapter) -> None:
+        """Stop serving the adapter (TensorRT-LLM evicts its weights from its cache by itself)."""
+        self._loras.pop(adapter.lora_name, None)
+
+    # -- health, load, KV events ----------------------------------------------------------
+
+    async def check_health(self) -> list[pb.HealthCheck]:
+        """Whether the engine runs and its statistics reader is alive (the probe runs a real token)."""
+        if self._llm is None:
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+        if self._failure is not None:
+            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message=self._failure)]
+        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="TensorRT-LLM engine running")]
+
+    async def load(self) -> pb.LoadInfo:
+        """The latest iteration statistics, corrected to zero when nothing is in flight."""
+        idle = not self._handles and not self._sessions
+        return capabilities.load_info(
+            self._stats,
+            in_flight=len(self._handles),
+            held_sessions=len(self._sessions) if self._features.role == pb.ENGINE_ROLE_PREFILL else None,
+            total_blocks=self._features.total_kv_blocks,
+            timestamp_ns=time.time_ns() if idle or self._stats is None else self._stats_ns,
+        )
+
+    async def _pump_stats(self) -> None:
+        """Keep the latest iteration statistics (reading them is destructive: one reader)."""
+        async for stat in _poll(self._running().get_stats_async):
+            self._stats, self._stats_ns = stat, time.time_ns()
+
+    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """TensorRT-LLM's KV cache events, partial blocks withheld."""
+        return self._kv_batches()
+
+    async def _kv_batches(self) -> AsyncIterator[pb.KvEventBatch]:
+        mapper = KvEventMapper(self._features.tokens_per_block)
+        async for event in _poll(self._running().get_kv_cache_events_async):
+            batch = mapper.batch(event, timestamp_ns=time.time_ns())
+            if batch is not None:
+                yield batch
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``work`` in the background; its failure makes the engine NOT_READY."""
+
+        async def run() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broad on purpose: a dead background task makes the engine NOT_READY
+                log.exception("TensorRT-LLM %s failed", what)
+                self._failure = f"TensorRT-LLM {what} failed: {exc!r}"
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _statistics_on(self) -> bool:
+        """Whether TensorRT-LLM keeps iteration statistics (asking otherwise only logs a warning)."""
+        return bool(getattr(self._llm.args, "enable_iter_perf_stats", False))
+
+    def _end_id(self) -> dict[str, int]:
+        """``end_id`` for an engine without a tokenizer (TensorRT-LLM reads it off the tokenizer)."""
+        eos = self._features.eos_token_ids
+        return {"end_id": eos[0]} if not self._features.has_tokenizer and eos else {}
+
+    def _running(self) -> Any:
+        if self._llm is None:
+            raise Unavailable("the TensorRT-LLM engine is not running")
+        return self._llm
+
+    def _api_(self) -> _Api:
+        assert self._api is not None, "start() imports TensorRT-LLM"
+        return self._api
+
+
+async def _poll(read: Callable[..., AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """Entries of a TensorRT-LLM ``IterationResult`` queue, forever.
+
+    Once a read times out the ``IterationResult`` reports empty until the next request arrives,
+    so an empty read is followed by a short pause instead of a busy loop.
+    """
+    while True:
+        empty = True
+        async for entry in read(timeout=STATS_TIMEOUT_S):
+            empty = False
+            yield entry
+        if empty:
+            await asyncio.sleep(IDLE_POLL_S)
+
+
+__all__ = ["IDLE_POLL_S", "STATS_TIMEOUT_S", "TrtllmBackend"]

@@ -1,0 +1,49 @@
+"""Driver settings → keyword arguments for TensorRT-LLM's ``LLM``: pure, no TensorRT-LLM import.
+
+``engine.py`` passes the names ``LLM`` accepts (``TorchLlmArgs.model_fields``); everything else
+here is plain validation and conversion, so a misspelt option fails before a model loads for
+minutes. Scalars from the command line stay strings (``TorchLlmArgs`` is a pydantic model and
+coerces ``"512"`` and ``"true"`` itself); nested configs arrive as JSON text and are parsed here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from openengine_gateway.config import ConfigError
+
+DRIVER_DEFAULTS: Mapping[str, Any] = {"enable_iter_perf_stats": True}
+"""What the driver turns on unless told otherwise: iteration statistics feed ``GetLoad``."""
+
+
+def cli_value(value: Any) -> Any:
+    """A command-line string holding a JSON object or array (a nested config) as that value."""
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(f"trtllm: {value!r} looks like JSON but does not parse: {exc}") from None
+
+
+def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str) -> dict[str, Any]:
+    """``LLM`` keyword arguments (``model`` excluded) from the driver's options.
+
+    Raises ``ConfigError`` naming an option ``LLM`` does not take, a backend other than the
+    PyTorch one, or a prefill/decode role without the cache transceiver it needs.
+    """
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"trtllm: unknown LLM arguments: {', '.join(unknown)} (see TensorRT-LLM's TorchLlmArgs)")
+    kwargs = {**DRIVER_DEFAULTS, **{name: cli_value(value) for name, value in options.items()}}
+    backend = kwargs.pop("backend", "pytorch")
+    if backend != "pytorch":
+        raise ConfigError(f"trtllm: backend {backend!r} is not served; this driver runs the PyTorch backend")
+    if role != "aggregated" and not kwargs.get("cache_transceiver_config"):
+        raise ConfigError(f"trtllm: a {role} engine needs cache_transceiver_config (the KV transfer backend)")
+    return kwargs
+
+
+__all__ = ["DRIVER_DEFAULTS", "cli_value", "llm_kwargs"]

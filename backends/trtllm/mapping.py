@@ -1,0 +1,272 @@
+"""``GenerationRequest`` → TensorRT-LLM request parameters: pure functions, no TensorRT-LLM import.
+
+The results are plain values: keyword arguments for ``SamplingParams``,
+``GuidedDecodingParams`` and ``DisaggregatedParams``, the scheduling priority and the
+attention-DP rank. ``engine.py`` builds the TensorRT-LLM objects from them. Whatever the
+engine cannot honour is rejected here with ``InvalidArgument``, before acceptance.
+
+Two choices shape the mapping. Stop strings are not handed to TensorRT-LLM: it matches them
+on the cumulative text, trims tokens it already streamed, and aborts the whole request when
+one output of several matches; the driver matches them per output instead (``outputs``).
+``include_stop_str_in_output`` is passed so TensorRT-LLM drops a matched caller stop token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.spi import (
+    Endpoint,
+    GenerationRequest,
+    Guidance,
+    KvSession,
+    LogprobRequest,
+    Stopping,
+    resolve_max_tokens,
+)
+
+from .capabilities import EngineFeatures
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+)
+_GUIDE_FIELDS = {
+    pb.GUIDED_DECODING_MODE_JSON_SCHEMA: "json",
+    pb.GUIDED_DECODING_MODE_REGEX: "regex",
+    pb.GUIDED_DECODING_MODE_EBNF_GRAMMAR: "grammar",
+    pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG: "structural_tag",
+}
+_REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
+_INT_HANDOFF = ("ctx_dp_rank", "schedule_style")
+_INT_LIST_HANDOFF = ("first_gen_tokens", "draft_tokens")
+_HANDOFF_KEYS = frozenset({*_INT_HANDOFF, *_INT_LIST_HANDOFF, "opaque_state", "ctx_info_endpoint", "disagg_request_id"})
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationPlan:
+    """Everything needed to submit one request to ``LLM.generate_async``."""
+
+    sampling: dict[str, Any]
+    """``SamplingParams`` keyword arguments (``guided_decoding`` excluded)."""
+    guided: dict[str, Any] | None = None
+    """``GuidedDecodingParams`` keyword arguments, when the request is guided."""
+    disaggregated: dict[str, Any] | None = None
+    """``DisaggregatedParams`` keyword arguments for a prefill or decode engine."""
+    priority: float | None = None
+    """TensorRT-LLM's priority in [0, 1] (larger first, 0.5 by default)."""
+    attention_dp_rank: int | None = None
+
+
+def plan_generation(request: GenerationRequest, features: EngineFeatures, *, prompt_len: int) -> GenerationPlan:
+    """Map a validated request for a prompt of ``prompt_len`` tokens; raises ``InvalidArgument``."""
+    sampling = _sampling(request, features)
+    sampling.update(_stopping(request, features, prompt_len))
+    sampling.update(_logprobs(request.output_logprobs))
+    guided = guided_kwargs(request.guidance, features.guided_backend) if request.guidance else None
+    priority = None
+    if request.priority is not None:
+        if not features.priority:
+            raise InvalidArgument("this TensorRT-LLM engine does not schedule by priority")
+        priority = trt_priority(request.priority)
+    return GenerationPlan(
+        sampling=sampling,
+        guided=guided,
+        disaggregated=disaggregated_kwargs(request, features.role),
+        priority=priority,
+        attention_dp_rank=_attention_dp_rank(request, features),
+    )
+
+
+def _sampling(request: GenerationRequest, features: EngineFeatures) -> dict[str, Any]:
+    given = request.sampling
+    values: dict[str, Any] = {name: getattr(given, name) for name in _SAMPLING_FIELDS}
+    values = {name: value for name, value in values.items() if value is not None}
+    if given.num_sequences != 1:
+        # Both as constructor arguments: SamplingParams validates n and best_of only there.
+        values["n"] = values["best_of"] = given.num_sequences
+    if not features.has_tokenizer and features.eos_token_ids:
+        values["end_id"] = features.eos_token_ids[0]
+    return values
+
+
+def _stopping(request: GenerationRequest, features: EngineFeatures, prompt_len: int) -> dict[str, Any]:
+    stopping = request.stopping
+    if features.role == pb.ENGINE_ROLE_PREFILL:  # the context phase; the decode engine applies the stopping
+        stopping = Stopping(max_tokens=1)
+        request = dataclasses.replace(request, stopping=stopping)
+    max_tokens = resolve_max_tokens(request, prompt_len, features.max_seq_len)
+    if stopping.min_tokens > max_tokens:
+        raise InvalidArgument(f"stopping.min_tokens ({stopping.min_tokens}) exceeds the output budget ({max_tokens})")
+    values: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "ignore_eos": stopping.ignore_eos,
+        "include_stop_str_in_output": stopping.include_stop_in_output,
+    }
+    if stopping.min_tokens:
+        values["min_tokens"] = stopping.min_tokens
+    if stopping.stop_token_ids:
+        values["stop_token_ids"] = list(stopping.stop_token_ids)
+    return values
+
+
+def _logprobs(wanted: LogprobRequest | None) -> dict[str, Any]:
+    """TensorRT-LLM's top-k count; at least 1, since 0 turns logprobs off."""
+    if wanted is None:
+        return {}
+    top_n = wanted.candidates.top_n if wanted.candidates is not None else 0
+    return {"logprobs": max(top_n, 1)}
+
+
+def _attention_dp_rank(request: GenerationRequest, features: EngineFeatures) -> int | None:
+    """The attention-DP rank to pin; a single-rank engine honours rank 0 as it is."""
+    rank = request.data_parallel_rank
+    if rank is None or not features.attention_dp:
+        return None
+    if request.sampling.num_sequences > 1:
+        raise InvalidArgument("kv.data_parallel_rank cannot pin a request with several output sequences")
+    return rank
+
+
+def guided_kwargs(guidance: Guidance, engine_backend: str | None) -> dict[str, Any]:
+    """``GuidedDecodingParams`` keyword arguments; a choice is a regex alternation.
+
+    TensorRT-LLM picks its grammar backend per engine (``guided_decoding_backend``) and,
+    without one, ignores guidance silently, so both cases are rejected here.
+    """
+    if engine_backend is None:
+        raise InvalidArgument("this TensorRT-LLM engine was started without a guided_decoding_backend")
+    if guidance.backend and guidance.backend != engine_backend:
+        raise InvalidArgument(
+            f"guided.backend {guidance.backend!r} differs from this engine's guided_decoding_backend "
+            f"{engine_backend!r}; TensorRT-LLM selects the backend per engine"
+        )
+    if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
+        return {"regex": choice_regex(guidance.choices)}
+    if guidance.mode == pb.GUIDED_DECODING_MODE_JSON_OBJECT:
+        return {"json_object": True}
+    return {_GUIDE_FIELDS[guidance.mode]: guidance.spec}
+
+
+def choice_regex(choices: Sequence[str]) -> str:
+    """A regex matching exactly one of ``choices`` (metacharacters escaped, nothing else)."""
+    escaped = ("".join(f"\\{c}" if c in _REGEX_SPECIALS else c for c in choice) for choice in choices)
+    return f"({'|'.join(escaped)})"
+
+
+def trt_priority(priority: int) -> float:
+    """OpenEngine's int32 priority (larger first) as TensorRT-LLM's [0, 1] (larger first).
+
+    ``0.5 + 0.5 * p / (1 + |p|)``: order-preserving, 0 maps to TensorRT-LLM's default 0.5,
+    and small priorities stay far apart (TensorRT-LLM keeps a 32-bit float, so priorities
+    beyond about ±2900 can tie).
+    """
+    return 0.5 + 0.5 * priority / (1 + abs(priority))
+
+
+def disaggregated_kwargs(request: GenerationRequest, role: int) -> dict[str, Any] | None:
+    """``DisaggregatedParams`` keyword arguments: context-only on a prefill engine,
+    generation-only (the prefill's handoff) on a decode engine, None when aggregated."""
+    if role == pb.ENGINE_ROLE_PREFILL:
+        return {"request_type": "context_only"}
+    if request.kv_session is None:
+        return None
+    return handoff_params(request.kv_session)
+
+
+def handoff_params(session: KvSession) -> dict[str, Any]:
+    """A prefill's ``KvSession`` back as generation-only ``DisaggregatedParams`` arguments.
+
+    TensorRT-LLM waits for the context worker on its executor loop without a timeout, so a
+    session it could not resolve is rejected here rather than stalling every request.
+    """
+    attributes = dict(session.attributes)
+    unknown = sorted(set(attributes) - _HANDOFF_KEYS)
+    if unknown:
+        raise InvalidArgument(f"kv.session carries attributes TensorRT-LLM does not take: {', '.join(unknown)}")
+    try:
+        params: dict[str, Any] = {"request_type": "generation_only", "ctx_request_id": int(session.session_id)}
+        for name in _INT_HANDOFF:
+            if name in attributes:
+                params[name] = int(attributes[name])
+        for name in _INT_LIST_HANDOFF:
+            if attributes.get(name):
+                params[name] = [int(token) for token in attributes[name]]
+        if "disagg_request_id" in attributes:
+            params["disagg_request_id"] = int(str(attributes["disagg_request_id"]))
+        if attributes.get("opaque_state"):
+            params["opaque_state"] = base64.b64decode(str(attributes["opaque_state"]), validate=True)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise InvalidArgument(f"kv.session is not a TensorRT-LLM handoff: {exc}") from None
+    params.setdefault("ctx_dp_rank", session.dp_rank)
+    endpoint = attributes.get("ctx_info_endpoint")
+    if endpoint:
+        params["ctx_info_endpoint"] = str(endpoint)
+    elif "opaque_state" not in params:
+        raise InvalidArgument("kv.session carries neither an opaque_state nor a ctx_info_endpoint")
+    if not params.get("first_gen_tokens"):
+        raise InvalidArgument("kv.session carries no first_gen_tokens (the prefill's first token)")
+    return params
+
+
+def prefill_session(params: Any, *, transfer_backend: str) -> KvSession:
+    """The ``KvSession`` a prefill hands to decode, from TensorRT-LLM's ``DisaggregatedParams``.
+
+    The context request id is the session id; ids and opaque bytes travel as strings (a
+    Struct number is a double, and ids may pass 2**53), token lists as numbers.
+    """
+    attributes: dict[str, Any] = {}
+    for name in _INT_HANDOFF:
+        value = getattr(params, name, None)
+        if value is not None:
+            attributes[name] = int(value)
+    for name in _INT_LIST_HANDOFF:
+        value = getattr(params, name, None)
+        if value:
+            attributes[name] = [int(token) for token in value]
+    disagg_id = getattr(params, "disagg_request_id", None)
+    if disagg_id is not None:
+        attributes["disagg_request_id"] = str(disagg_id)
+    opaque = getattr(params, "opaque_state", None)
+    if opaque is not None:
+        attributes["opaque_state"] = base64.b64encode(opaque).decode("ascii")
+    endpoint: str | None = getattr(params, "ctx_info_endpoint", None)
+    endpoints: tuple[Endpoint, ...] = ()
+    if endpoint:
+        attributes["ctx_info_endpoint"] = endpoint
+        parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+        if parts.hostname and parts.port:
+            endpoints = (Endpoint(parts.hostname, parts.port, parts.scheme or transfer_backend),)
+    return KvSession(
+        session_id=str(params.ctx_request_id),
+        transfer_backend=transfer_backend,
+        endpoints=endpoints,
+        dp_rank=int(getattr(params, "ctx_dp_rank", None) or 0),
+        attributes=attributes,
+    )
+
+
+__all__ = [
+    "GenerationPlan",
+    "choice_regex",
+    "disaggregated_kwargs",
+    "guided_kwargs",
+    "handoff_params",
+    "plan_generation",
+    "prefill_session",
+    "trt_priority",
+]

@@ -1,0 +1,77 @@
+"""The fake TensorRT-LLM installed under its module names, and a gateway serving the driver on it.
+
+Nothing here imports TensorRT-LLM: the ``fake`` fixture makes ``import tensorrt_llm`` find
+``fake_api``/``fake_llm`` for one test, so the driver's real import lines and calls run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings, engine
+from openengine_gateway import pb
+from openengine_gateway.testing import RunningGateway, serve_backends
+
+from .fake_api import Installed, install
+
+MODEL = "fake"
+
+
+@pytest.fixture(autouse=True)
+def _quick_queue_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake answers at once: shorter statistics reads keep each engine start short."""
+    monkeypatch.setattr(engine, "STATS_TIMEOUT_S", 0.05)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Installed:
+    """TensorRT-LLM 1.2's API, faked (``generate_async`` without a priority)."""
+    return install(monkeypatch)
+
+
+def trtllm(**options: Any) -> TrtllmBackend:
+    """A driver for the fake model; ``options`` are ``LLM`` arguments or driver options."""
+    return TrtllmBackend(TrtllmSettings(model="/models/fake-llama", **options))
+
+
+@contextlib.asynccontextmanager
+async def serving(*backends: TrtllmBackend) -> AsyncIterator[RunningGateway]:
+    """The gateway serving each backend (as ``fake``, ``fake1``...)."""
+    names = [MODEL if position == 0 else f"{MODEL}{position}" for position in range(len(backends))]
+    async with serve_backends(list(zip(names, backends, strict=True))) as running:
+        yield running
+
+
+async def collect(running: RunningGateway, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
+    """Every response of one Generate stream."""
+    return [response async for response in running.stub.Generate(request)]
+
+
+def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
+    """A Generate request from text or token ids."""
+    message = pb.GenerateRequest(model=model, **fields)
+    if isinstance(prompt, str):
+        message.prompt = prompt
+    else:
+        message.token_ids.ids.extend(prompt)
+    return message
+
+
+def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
+    """Output ``index``'s text."""
+    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
+
+
+def token_ids(responses: list[pb.GenerateResponse], index: int = 0) -> list[int]:
+    """Output ``index``'s token ids."""
+    return [
+        t.token_id for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens
+    ]
+
+
+def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
+    """Each output's finish."""
+    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}

@@ -1,0 +1,313 @@
+"""The driver on the fake TensorRT-LLM behind a real in-process gateway, feature by feature."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+import regex
+from openengine_backends.trtllm.mapping import trt_priority
+from openengine_gateway import pb
+from openengine_gateway.config import ConfigError
+
+from . import fake_llm
+from .conftest import MODEL, collect, finished, request, serving, text, token_ids, trtllm
+from .fake_api import Installed, SchedulingParams, install
+
+pytestmark = pytest.mark.usefixtures("fake")
+
+STOP = pb.StoppingOptions
+
+
+def greedy(prompt: list[int], count: int, lora_id: int = 0) -> list[int]:
+    """The fake model's greedy continuation (EOS ignored)."""
+    context, out = list(prompt), []
+    for _ in range(count):
+        scores = fake_llm.logprobs(context, lora_id)
+        token = max([fake_llm.EOS, *range(3, len(fake_llm.PIECES))], key=lambda t: (scores[t], -t))
+        context.append(token)
+        out.append(token)
+    return out
+
+
+def pieces(ids: list[int]) -> str:
+    return fake_llm.Tokenizer().decode(ids, skip_special_tokens=True)
+
+
+PROMPT = fake_llm.Tokenizer().encode("The fox")
+
+
+async def rejected(running: object, message: pb.GenerateRequest) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await collect(running, message)  # type: ignore[arg-type]
+    return error.value.code()
+
+
+async def test_text_and_token_prompts_stream_the_greedy_deltas() -> None:
+    async with serving(trtllm()) as running:
+        by_text = await collect(running, request("The fox", stopping=STOP(max_tokens=8), sampling=None))
+        by_ids = await collect(running, request(PROMPT, stopping=STOP(max_tokens=8)))
+    expected = greedy(PROMPT, 8)
+    assert token_ids(by_text) == token_ids(by_ids) == expected
+    assert text(by_text) == pieces(expected)
+    assert finished(by_text)[0].reason == pb.FINISH_REASON_LENGTH
+    assert by_text[-1].usage.prompt_tokens == len(PROMPT) and by_text[-1].usage.completion_tokens == 8
+
+
+async def test_without_max_tokens_the_budget_is_the_rest_of_the_context(fake: Installed) -> None:
+    async with serving(trtllm(max_seq_len=40)) as running:
+        responses = await collect(running, request(PROMPT, stopping=STOP(ignore_eos=True)))
+    assert len(token_ids(responses)) == 40 - len(PROMPT)
+    assert fake.llm_class is fake_llm.LLM
+
+
+async def test_eos_ends_the_output_as_a_record_without_text() -> None:
+    async with serving(trtllm()) as running:
+        responses = await collect(running, request("Hi.", stopping=STOP(max_tokens=8)))
+    end = finished(responses)[0]
+    assert end.reason == pb.FINISH_REASON_STOP and end.stop_match.eos_token_id == fake_llm.EOS
+    assert token_ids(responses) == [fake_llm.EOS] and text(responses) == ""
+    assert responses[-1].usage.completion_tokens == 1
+
+
+async def test_stop_tokens_are_dropped_unless_included() -> None:
+    expected = greedy(PROMPT, 6)
+    stop = expected[3]
+    condition = pb.StopCondition(stop_token_id=stop)
+    async with serving(trtllm()) as running:
+        dropped = await collect(running, request(PROMPT, stopping=STOP(max_tokens=6, conditions=[condition])))
+        kept = await collect(
+            running,
+            request(PROMPT, stopping=STOP(max_tokens=6, conditions=[condition], include_stop_in_output=True)),
+        )
+    assert token_ids(dropped) == expected[:3] and text(dropped) == pieces(expected[:3])
+    assert finished(dropped)[0].stop_match.stop_token_id == stop
+    assert token_ids(kept) == expected[:4] and text(kept) == pieces(expected[:4])
+    assert dropped[-1].usage.completion_tokens == kept[-1].usage.completion_tokens == 4
+
+
+async def test_stop_strings_are_matched_by_the_driver_and_the_engine_stops(fake: Installed) -> None:
+    expected = pieces(greedy(PROMPT, 12))
+    stop = expected[4:6]
+    condition = pb.StopCondition(stop_text=stop)
+    async with serving(trtllm()) as running:
+        cut = await collect(running, request(PROMPT, stopping=STOP(max_tokens=12, conditions=[condition])))
+        kept = await collect(
+            running,
+            request(PROMPT, stopping=STOP(max_tokens=12, conditions=[condition], include_stop_in_output=True)),
+        )
+    assert text(cut) == expected[: expected.find(stop)] and text(kept) == expected[: expected.find(stop) + 2]
+    assert finished(cut)[0].stop_match.stop_text == stop
+    submitted = fake.engines[-1].submitted
+    assert all(not handle.sampling_params.stop for handle in submitted)  # never handed to TensorRT-LLM
+    assert [handle.aborted() for handle in submitted[1:]] == [True, True]  # stopped once the string matched
+
+
+async def test_several_seeded_outputs_repeat_and_greedy_ones_are_refused() -> None:
+    sampling = pb.SamplingParams(num_sequences=3, temperature=1.0, seed=11)
+    async with serving(trtllm()) as running:
+        first = await collect(running, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+        again = await collect(running, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+        greedy_n = request(PROMPT, sampling=pb.SamplingParams(num_sequences=2), stopping=STOP(max_tokens=5))
+        code = await rejected(running, greedy_n)
+    assert sorted(finished(first)) == [0, 1, 2]
+    assert [token_ids(first, i) for i in range(3)] == [token_ids(again, i) for i in range(3)]
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_guidance_is_refused_without_a_grammar_backend_and_enforced_with_one(fake: Installed) -> None:
+    regex_guide = pb.GuidedDecoding(regex="(ab|ba){2}c")
+    choice = pb.GuidedDecoding(choice=pb.ChoiceConstraint(choices=["alpha", "beta"]))
+    async with serving(trtllm()) as plain:
+        assert await rejected(plain, request(PROMPT, guided=regex_guide)) == grpc.StatusCode.INVALID_ARGUMENT
+    async with serving(trtllm(guided_decoding_backend="xgrammar")) as running:
+        matched = await collect(running, request(PROMPT, guided=regex_guide, stopping=STOP(max_tokens=20)))
+        picked = await collect(running, request(PROMPT, guided=choice, stopping=STOP(max_tokens=20)))
+        schema = request(
+            PROMPT, guided=pb.GuidedDecoding(json_schema='{"type": "object"}'), stopping=STOP(max_tokens=2)
+        )
+        await collect(running, schema)
+        other = pb.GuidedDecoding(regex="a", backend="llguidance")
+        code = await rejected(running, request(PROMPT, guided=other))
+    assert regex.fullmatch("(ab|ba){2}c", text(matched)) and text(picked) in ("alpha", "beta")
+    assert fake.engines[-1].submitted[-1].sampling_params.guided_decoding.json == '{"type": "object"}'
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_priority_is_offered_only_when_tensorrt_llm_takes_and_orders_by_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serving(trtllm()) as running:
+        assert await rejected(running, request(PROMPT, priority=1)) == grpc.StatusCode.INVALID_ARGUMENT
+    newer = install(monkeypatch, priority=True)
+    async with serving(trtllm()) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        assert not info.generation.supports_priority  # accepted, but the FCFS queue ignores it
+    async with serving(trtllm(scheduler_config={"waiting_queue_policy": "priority"})) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        await collect(running, request(PROMPT, priority=-7, stopping=STOP(max_tokens=1)))
+    assert info.generation.supports_priority
+    assert newer.engines[-1].submitted[-1].options["priority"] == trt_priority(-7)
+
+
+async def test_cache_salt_namespaces_the_prefix_cache() -> None:
+    prompt = fake_llm.Tokenizer().encode("a long prompt that spans several kv blocks")
+    async with serving(trtllm(kv_cache_config={"tokens_per_block": 4})) as running:
+        cached = []
+        for salt in (None, None, "tenant-a", "tenant-a"):
+            message = request(prompt, stopping=STOP(max_tokens=1))
+            if salt is not None:
+                message.kv.cache_salt = salt
+            cached.append((await collect(running, message))[-1].usage.cached_prompt_tokens)
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0 and cached[3] == cached[1]
+
+
+async def test_a_data_parallel_rank_pins_an_attention_dp_request(fake: Installed) -> None:
+    async with serving(trtllm(enable_attention_dp=True, tensor_parallel_size=2)) as running:
+        message = request(PROMPT, stopping=STOP(max_tokens=1))
+        message.kv.data_parallel_rank = 1
+        await collect(running, message)
+        engine_info = await running.stub.GetEngineInfo(pb.GetEngineInfoRequest())
+    assert engine_info.parallelism.data_parallel_size == 2
+    assert fake.engines[-1].submitted[-1].options["scheduling_params"] == SchedulingParams(
+        attention_dp_rank=1, attention_dp_relax=False
+    )
+
+
+async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id(tmp_path: Path) -> None:
+    good, other, bad = tmp_path / "good", tmp_path / "other", tmp_path / "bad"
+    for directory in (good, other, bad):
+        directory.mkdir()
+    (good / "adapter_config.json").write_text("{}")
+    (other / "adapter_config.json").write_text("{}")
+    adapter = pb.LoraAdapter(lora_id=5, lora_name="good", source_path=str(good))
+    async with serving(trtllm()) as disabled:
+        with pytest.raises(grpc.aio.AioRpcError) as off:
+            await disabled.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
+    assert off.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    async with serving(trtllm(enable_lora=True)) as running:
+        await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
+        tuned = await collect(running, request(PROMPT, lora_name="good", stopping=STOP(max_tokens=6)))
+        with pytest.raises(grpc.aio.AioRpcError) as broken:
+            await running.stub.LoadLora(
+                pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=6, lora_name="bad", source_path=str(bad)))
+            )
+        await running.stub.UnloadLora(pb.UnloadLoraRequest(lora_name="good"))
+        gone = await rejected(running, request(PROMPT, lora_name="good"))
+        with pytest.raises(grpc.aio.AioRpcError) as reused:
+            await running.stub.LoadLora(
+                pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=5, lora_name="other", source_path=str(other)))
+            )
+        await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))  # the same adapter again is fine
+    assert token_ids(tuned) == greedy(PROMPT, 6, lora_id=5) != greedy(PROMPT, 6)
+    assert broken.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "failed to load" in broken.value.details()
+    assert gone == grpc.StatusCode.NOT_FOUND
+    assert reused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_abort_reaches_tensorrt_llm_through_the_request_handle(
+    fake: Installed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fake_llm, "STEP_S", 0.005)
+    async with serving(trtllm()) as running:
+        message = request(PROMPT, request_id="long", stopping=STOP(max_tokens=200, ignore_eos=True))
+        call = running.stub.Generate(message)
+        first = await call.read()
+        assert first.HasField("token")
+        during = await running.stub.GetLoad(pb.GetLoadRequest())
+        response = await running.stub.Abort(pb.AbortRequest(request_id="long"))
+        rest = []
+        while (response_ := await call.read()) is not grpc.aio.EOF:
+            rest.append(response_)
+        for _ in range(50):
+            if fake.engines[-1].submitted[-1].finished:
+                break
+            await asyncio.sleep(0.01)
+    assert response.status == pb.ABORT_STATUS_ABORTED
+    assert finished(rest)[0].reason == pb.FINISH_REASON_CANCELLED
+    assert fake.engines[-1].submitted[-1].aborted()
+    assert during.running_requests >= 1
+
+
+async def test_load_comes_from_iteration_statistics_and_an_idle_engine_is_zero() -> None:
+    async with serving(trtllm(kv_cache_config={"tokens_per_block": 4})) as running:
+        await collect(running, request(PROMPT, stopping=STOP(max_tokens=3)))
+        load = await running.stub.GetLoad(pb.GetLoadRequest())
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+    assert info.total_kv_blocks == fake_llm.TOTAL_BLOCKS and info.kv_block_size == 4
+    assert load.total_kv_blocks == fake_llm.TOTAL_BLOCKS
+    assert (load.running_requests, load.queued_requests, load.used_kv_blocks) == (0, 0, 0)
+
+
+async def test_kv_events_are_published_without_partial_blocks() -> None:
+    options = {"kv_cache_config": {"tokens_per_block": 4, "event_buffer_max_size": 32}}
+    async with serving(trtllm(**options)) as running:
+        subscription = running.stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
+        await collect(running, request(PROMPT, stopping=STOP(max_tokens=6)))  # 8 + 6 tokens: 3 full blocks
+        batch = (await asyncio.wait_for(subscription.read(), 5)).batch
+        subscription.cancel()
+    (event,) = batch.events
+    assert len(event.block_stored.block_hashes) == 3 and event.block_stored.block_size == 4
+    assert list(event.block_stored.token_ids) == (PROMPT + greedy(PROMPT, 6))[:12]
+    assert all(h.encoding == "int64" and len(h.value) == 8 for h in event.block_stored.block_hashes)
+
+
+async def test_prefill_and_decode_engines_hand_off_through_a_kv_session() -> None:
+    transceiver = {"cache_transceiver_config": {"backend": "UCX"}}
+    async with (
+        serving(trtllm(role="prefill", **transceiver)) as prefill,
+        serving(trtllm(role="decode", **transceiver)) as decode,
+    ):
+        ready = await collect(prefill, request(PROMPT, stopping=STOP(max_tokens=5)))
+        session = ready[-1].prefill_ready.kv_session
+        held = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
+        resumed = request(PROMPT, stopping=STOP(max_tokens=5), response=pb.ResponseOptions(return_output_logprobs=True))
+        resumed.kv.session.CopyFrom(session)
+        decoded = await collect(decode, resumed)
+        other = (await collect(prefill, request(PROMPT, stopping=STOP(max_tokens=5))))[-1].prefill_ready.kv_session
+        aborted = await prefill.stub.Abort(pb.AbortRequest(kv_session=other))
+        for _ in range(50):
+            left = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
+            if not left:
+                break
+            await asyncio.sleep(0.01)
+    assert session.transfer_backend == "ucx" and session.attributes_struct["first_gen_tokens"]
+    assert held == 1 and aborted.status == pb.ABORT_STATUS_ABORTED and left == 0
+    records = [t for r in decoded if r.HasField("token") for t in r.token.tokens]
+    assert [t.token_id for t in records] == greedy(PROMPT, 5)
+    assert not records[0].HasField("logprob") and all(t.HasField("logprob") for t in records[1:])
+
+
+async def test_an_engine_without_a_tokenizer_takes_token_ids_only() -> None:
+    async with serving(trtllm(skip_tokenizer_init=True)) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        responses = await collect(running, request(PROMPT, stopping=STOP(max_tokens=3)))
+        code = await rejected(running, request("text"))
+    assert not info.supports_text_input and token_ids(responses) == greedy(PROMPT, 3)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_what_tensorrt_llm_refuses_at_submission_is_a_status() -> None:
+    async with serving(trtllm(max_num_tokens=4)) as running:
+        code = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_health_runs_a_real_token_and_a_stopped_engine_is_not_ready() -> None:
+    backend = trtllm()
+    async with serving(backend) as running:
+        health = await running.stub.Health(pb.HealthRequest(include_inference_probe=True))
+    assert health.state == pb.HEALTH_STATE_READY
+    (check,) = await backend.check_health()
+    assert check.state == pb.HEALTH_STATE_NOT_READY
+
+
+async def test_bad_arguments_fail_the_start_naming_them() -> None:
+    with pytest.raises(ConfigError, match="unknown LLM arguments: max_model_len"):
+        await trtllm(max_model_len=5).start()
+    with pytest.raises(ConfigError, match="needs cache_transceiver_config"):
+        await trtllm(role="decode").start()
+    with pytest.raises(ConfigError, match="rejected its arguments"):
+        await trtllm(max_seq_len="many").start()

@@ -1,0 +1,206 @@
+"""``GenerationRequest`` → TensorRT-LLM parameters, and the prefill ↔ decode handoff."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from openengine_backends.trtllm.capabilities import EngineFeatures
+from openengine_backends.trtllm.mapping import (
+    choice_regex,
+    guided_kwargs,
+    handoff_params,
+    plan_generation,
+    prefill_session,
+    trt_priority,
+)
+from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.spi import (
+    CandidateSelection,
+    GenerationRequest,
+    Guidance,
+    KvSession,
+    LogprobRequest,
+    Sampling,
+    Stopping,
+)
+
+FEATURES = EngineFeatures(max_seq_len=64, max_batch_size=8, guided_backend="xgrammar", eos_token_ids=(2,))
+TOP_N = pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N
+
+
+def request(**fields: Any) -> GenerationRequest:
+    return GenerationRequest(request_id="r", model="m", prompt_token_ids=[5, 6, 7], **fields)
+
+
+def test_sampling_knobs_pass_through_and_n_goes_with_best_of() -> None:
+    sampling = Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.1, seed=3, repetition_penalty=1.1, num_sequences=3)
+    plan = plan_generation(request(sampling=sampling), FEATURES, prompt_len=3)
+    assert plan.sampling == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "min_p": 0.1,
+        "seed": 3,
+        "repetition_penalty": 1.1,
+        "n": 3,
+        "best_of": 3,
+        "max_tokens": 61,
+        "ignore_eos": False,
+        "include_stop_str_in_output": False,
+    }
+
+
+def test_max_tokens_is_always_set_and_fits_the_context() -> None:
+    assert plan_generation(request(), FEATURES, prompt_len=3).sampling["max_tokens"] == 61
+    given = plan_generation(request(stopping=Stopping(max_tokens=5, min_tokens=2)), FEATURES, prompt_len=3)
+    assert given.sampling["max_tokens"] == 5 and given.sampling["min_tokens"] == 2
+    with pytest.raises(InvalidArgument, match="exceeds the context"):
+        plan_generation(request(stopping=Stopping(max_tokens=62)), FEATURES, prompt_len=3)
+    with pytest.raises(InvalidArgument, match="context is 64"):
+        plan_generation(request(), FEATURES, prompt_len=64)
+    unknown = dataclasses.replace(FEATURES, max_seq_len=None)
+    with pytest.raises(InvalidArgument, match="max_tokens is required"):
+        plan_generation(request(), unknown, prompt_len=3)
+
+
+def test_stop_tokens_go_to_tensorrt_llm_but_stop_strings_do_not() -> None:
+    stopping = Stopping(stop_texts=("\n\n",), stop_token_ids=(9, 4), include_stop_in_output=True, ignore_eos=True)
+    sampling = plan_generation(request(stopping=stopping), FEATURES, prompt_len=3).sampling
+    assert sampling["stop_token_ids"] == [9, 4] and "stop" not in sampling
+    assert sampling["include_stop_str_in_output"] is True and sampling["ignore_eos"] is True
+
+
+def test_output_logprobs_ask_for_at_least_one_entry() -> None:
+    plain = plan_generation(request(output_logprobs=LogprobRequest()), FEATURES, prompt_len=3)
+    assert plain.sampling["logprobs"] == 1
+    top = LogprobRequest(CandidateSelection(TOP_N, top_n=5))
+    assert plan_generation(request(output_logprobs=top), FEATURES, prompt_len=3).sampling["logprobs"] == 5
+
+
+def test_an_engine_without_a_tokenizer_gets_its_end_id() -> None:
+    bare = dataclasses.replace(FEATURES, has_tokenizer=False)
+    assert plan_generation(request(), bare, prompt_len=3).sampling["end_id"] == 2
+    assert "end_id" not in plan_generation(request(), FEATURES, prompt_len=3).sampling
+
+
+def test_guides_map_to_guided_decoding_params_and_choices_to_a_regex() -> None:
+    json_schema = Guidance(pb.GUIDED_DECODING_MODE_JSON_SCHEMA, spec='{"type": "object"}')
+    assert guided_kwargs(json_schema, "xgrammar") == {"json": '{"type": "object"}'}
+    assert guided_kwargs(Guidance(pb.GUIDED_DECODING_MODE_EBNF_GRAMMAR, spec="root ::= x"), "xgrammar") == {
+        "grammar": "root ::= x"
+    }
+    assert guided_kwargs(Guidance(pb.GUIDED_DECODING_MODE_JSON_OBJECT), "llguidance") == {"json_object": True}
+    tag = Guidance(pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG, spec="{}")
+    assert guided_kwargs(tag, "xgrammar") == {"structural_tag": "{}"}
+    choice = Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=("a.b", "c|d", "(x)", "plain text"))
+    assert guided_kwargs(choice, "xgrammar") == {"regex": choice_regex(choice.choices)}
+
+
+def test_the_choice_regex_matches_each_choice_and_nothing_else() -> None:
+    choices = ("1+1=2", "a.b", "[x]", "c|d", "{n}", "back\\slash", "ok ?", "$^/")
+    pattern = re.compile(choice_regex(choices))
+    assert all(pattern.fullmatch(choice) for choice in choices)
+    assert not pattern.fullmatch("axb") and not pattern.fullmatch("c") and not pattern.fullmatch("11=2")
+
+
+def test_guidance_needs_the_engines_backend() -> None:
+    regex = Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="a+")
+    with pytest.raises(InvalidArgument, match="without a guided_decoding_backend"):
+        guided_kwargs(regex, None)
+    with pytest.raises(InvalidArgument, match="selects the backend per engine"):
+        guided_kwargs(dataclasses.replace(regex, backend="llguidance"), "xgrammar")
+    assert guided_kwargs(dataclasses.replace(regex, backend="xgrammar"), "xgrammar") == {"regex": "a+"}
+
+
+def test_priority_maps_into_zero_one_keeping_the_order() -> None:
+    values = [-(2**31), -3000, -2, -1, 0, 1, 2, 1000, 2**31 - 1]
+    mapped = [trt_priority(p) for p in values]
+    assert mapped == sorted(mapped) and len(set(mapped)) == len(mapped)
+    assert trt_priority(0) == 0.5 and all(0 < m < 1 for m in mapped)
+    with pytest.raises(InvalidArgument, match="does not schedule by priority"):
+        plan_generation(request(priority=1), FEATURES, prompt_len=3)
+    ranked = dataclasses.replace(FEATURES, priority=True)
+    assert plan_generation(request(priority=-1), ranked, prompt_len=3).priority == 0.25
+
+
+def test_a_data_parallel_rank_pins_only_on_attention_dp() -> None:
+    assert plan_generation(request(data_parallel_rank=0), FEATURES, prompt_len=3).attention_dp_rank is None
+    adp = dataclasses.replace(FEATURES, attention_dp=True, tensor_parallel_size=4)
+    assert plan_generation(request(data_parallel_rank=3), adp, prompt_len=3).attention_dp_rank == 3
+    with pytest.raises(InvalidArgument, match="several output sequences"):
+        sampling = Sampling(temperature=1.0, num_sequences=2)
+        plan_generation(request(data_parallel_rank=1, sampling=sampling), adp, prompt_len=3)
+
+
+def test_a_prefill_engine_runs_context_only_with_one_token() -> None:
+    prefill = dataclasses.replace(FEATURES, role=pb.ENGINE_ROLE_PREFILL)
+    plan = plan_generation(request(stopping=Stopping(max_tokens=30, min_tokens=5)), prefill, prompt_len=3)
+    assert plan.disaggregated == {"request_type": "context_only"} and plan.sampling["max_tokens"] == 1
+    assert "min_tokens" not in plan.sampling and plan.sampling["include_stop_str_in_output"] is False
+    with pytest.raises(InvalidArgument, match="context is 64"):
+        plan_generation(request(), prefill, prompt_len=64)
+    assert plan_generation(request(), FEATURES, prompt_len=3).disaggregated is None
+
+
+def handoff(**fields: Any) -> SimpleNamespace:
+    values: dict[str, Any] = {
+        "request_type": "context_only",
+        "first_gen_tokens": [42],
+        "ctx_request_id": 2**60 + 7,
+        "opaque_state": b"\x00\xffstate",
+        "draft_tokens": None,
+        "disagg_request_id": 2**62 + 1,
+        "ctx_dp_rank": 1,
+        "ctx_info_endpoint": "tcp://ctx.example:5555",
+        "schedule_style": None,
+    }
+    return SimpleNamespace(**{**values, **fields})
+
+
+def struct_round_trip(session: KvSession) -> KvSession:
+    """What a decode engine receives: the session through a KvSessionRef (numbers become doubles)."""
+    from openengine_gateway.contract.generation import kv_session_from_proto, kv_session_to_proto
+
+    return kv_session_from_proto(kv_session_to_proto(session))
+
+
+def test_the_handoff_survives_the_wire_types_preserved() -> None:
+    session = prefill_session(handoff(), transfer_backend="ucx")
+    assert session.session_id == str(2**60 + 7) and session.dp_rank == 1
+    assert session.endpoints[0].host == "ctx.example" and session.endpoints[0].port == 5555
+    params = handoff_params(struct_round_trip(session))
+    assert params == {
+        "request_type": "generation_only",
+        "ctx_request_id": 2**60 + 7,
+        "ctx_dp_rank": 1,
+        "first_gen_tokens": [42],
+        "disagg_request_id": 2**62 + 1,
+        "opaque_state": b"\x00\xffstate",
+        "ctx_info_endpoint": "tcp://ctx.example:5555",
+    }
+    plan = plan_generation(
+        request(kv_session=struct_round_trip(session)),
+        dataclasses.replace(FEATURES, role=pb.ENGINE_ROLE_DECODE),
+        prompt_len=3,
+    )
+    assert plan.disaggregated == params
+
+
+def test_a_session_tensorrt_llm_could_not_resolve_is_refused() -> None:
+    state = base64.b64encode(b"s").decode()
+    with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
+        handoff_params(KvSession("not-a-number", attributes={"opaque_state": state, "first_gen_tokens": [1.0]}))
+    with pytest.raises(InvalidArgument, match="neither an opaque_state nor a ctx_info_endpoint"):
+        handoff_params(KvSession("5", attributes={"first_gen_tokens": [1.0]}))
+    with pytest.raises(InvalidArgument, match="no first_gen_tokens"):
+        handoff_params(KvSession("5", attributes={"opaque_state": state}))
+    with pytest.raises(InvalidArgument, match="does not take: kv_transfer_params"):
+        handoff_params(KvSession("5", attributes={"kv_transfer_params": {}}))
+    with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
+        handoff_params(KvSession("5", attributes={"opaque_state": "!!", "first_gen_tokens": [1.0]}))

@@ -1,0 +1,98 @@
+"""One real TensorRT-LLM engine per test session, serving the tiny Llama behind an in-process gateway.
+
+Nothing here imports TensorRT-LLM, torch or transformers at collection: every test module starts
+with ``pytest.importorskip("tensorrt_llm")``, so the suite skips cleanly where it is not installed
+(every CPU machine). ``scripts/gpu_check_trtllm.sh`` runs it on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openengine_gateway import pb
+from openengine_gateway.testing import RunningGateway, serve_backends
+
+MODEL = "tiny"
+TOKENS_PER_BLOCK = 32
+
+
+def llm_options(**overrides: Any) -> dict[str, Any]:
+    """``LLM`` arguments for the tiny model: small limits, KV events and a grammar backend on."""
+    options: dict[str, Any] = {
+        "dtype": "bfloat16",
+        "max_seq_len": 512,
+        "max_batch_size": 8,
+        "max_num_tokens": 1024,
+        "guided_decoding_backend": "xgrammar",
+        "kv_cache_config": {
+            "tokens_per_block": TOKENS_PER_BLOCK,
+            "event_buffer_max_size": 1024,
+            "enable_block_reuse": True,
+            "free_gpu_memory_fraction": 0.1,
+        },
+    }
+    options.update(overrides)
+    return options
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama the vLLM tests use, built offline (random weights, a locally trained tokenizer)."""
+    from openengine_backends.vllm.tiny_model import build
+
+    return build(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+async def gateway(tiny_model: Path) -> AsyncIterator[RunningGateway]:
+    """The gateway serving the session's one TensorRT-LLM engine as ``tiny``."""
+    from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings
+
+    backend = TrtllmBackend(TrtllmSettings(model=str(tiny_model), **llm_options()))
+    async with serve_backends([(MODEL, backend)]) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(gateway: RunningGateway) -> pb.OpenEngineStub:
+    """A client of the session's gateway."""
+    return gateway.stub
+
+
+@pytest.fixture
+def llm(gateway: RunningGateway) -> Any:
+    """The engine's own ``LLM``, to compare the gateway's stream with TensorRT-LLM's own results."""
+    return gateway.gateway.engines.resolve(MODEL).backend._llm  # type: ignore[attr-defined]
+
+
+async def collect(stub: pb.OpenEngineStub, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
+    """Every response of one Generate stream."""
+    return [response async for response in stub.Generate(request)]
+
+
+def generate_request(request_id: str, *, prompt: str | list[int], **fields: Any) -> pb.GenerateRequest:
+    """A Generate request for the tiny model from a text or token-id prompt."""
+    request = pb.GenerateRequest(request_id=request_id, model=MODEL, **fields)
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.token_ids.ids.extend(prompt)
+    return request
+
+
+def tokens(responses: list[pb.GenerateResponse], index: int = 0) -> list[pb.TokenInfo]:
+    """The token records of output ``index``, in order."""
+    return [t for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens]
+
+
+def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
+    """The text of output ``index``."""
+    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
+
+
+def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
+    """Each output's ``GenerationFinished``."""
+    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}
