@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# mypy with pyproject's [tool.mypy], each module checked under its import name (openengine_gateway.*, not gateway.*).
+MYPY := $(BIN)/python scripts/typecheck.py
 # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on a CPU.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
@@ -27,15 +29,25 @@ serve: install $(TINY_MODEL)/config.json
 $(TINY_MODEL)/config.json: | install
 	$(BIN)/python -m openengine_backends.vllm.tiny_model $(TINY_MODEL)
 
-test: install
+# The example backend plugin, pip-installed as its own distribution, the way a plugin's users get it:
+# its tests run the conformance kit in process; tests/test_cli_process.py serves it with the real command.
+EXAMPLE := examples/openengine-echo-backend
+
+$(VENV)/.example-installed: $(VENV)/.installed $(wildcard $(EXAMPLE)/pyproject.toml $(EXAMPLE)/src/*/*.py)
+	$(BIN)/pip install -q ./$(EXAMPLE)
+	touch $@
+
+test: install $(VENV)/.example-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MYPY)
 	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(EXAMPLE)
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(MYPY)
 
 proto: install
 	$(BIN)/python scripts/generate_proto.py
