@@ -3,8 +3,8 @@
 The core binds the id of the request it is serving to the running task
 (``bind_request_id``); every line logged while serving it carries that id, in text as a
 ``[request_id]`` prefix and in JSON as the ``request_id`` key, so one grep finds a request's
-whole story. Credentials never reach a log line: the auth layer logs only that a token was
-missing or wrong, never a token.
+whole story. Credentials never reach a log line: a refused call is counted by status in the
+metrics, and neither a token nor its digest is ever formatted into a message.
 """
 
 from __future__ import annotations

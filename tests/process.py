@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_STARTED = re.compile(r"^openengine-gateway serving .* on (\S+)")
+_STARTED = re.compile(r"^openengine-gateway serving .* on (\S+) \((?:plaintext|TLS|mTLS)")  # not ", metrics on port N"
 _logs = itertools.count()
 
 

@@ -38,9 +38,9 @@ class EngineMonitor:
         self._state = state
         self._interval = interval_s
         self.health: dict[str, pb.HealthState.ValueType] = {
-            engine.served_name: pb.HEALTH_STATE_READY for engine in engines
+            engine.served_name: pb.HEALTH_STATE_STARTING for engine in engines
         }
-        """Served name → ``HealthState`` of the engine's last check (READY until the first)."""
+        """Served name → ``HealthState`` of the engine's last check (STARTING until the first)."""
         self.load: dict[str, pb.LoadInfo] = {}
         """Served name → the engine's last load snapshot (absent until one succeeds)."""
         self.polls = 0

@@ -2,8 +2,8 @@
 
 Plaintext or TLS (mutual with a client CA), bearer tokens and per-RPC counts through one
 interceptor (``interceptor``), and Prometheus metrics on a port of their own (``metrics``).
-grpc.health.v1 reports NOT_SERVING until the gateway admits requests, while any engine is
-NOT_READY and from the start of a drain.
+grpc.health.v1 reports NOT_SERVING until the gateway admits requests and every engine's
+first check says READY or DEGRADED, while any engine is not, and from the start of a drain.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class GatewayServer:
             self.metrics_port = self.metrics.start(host, self.options.metrics_port)
         await self._publish(serving=False)
         await self._server.start()
+        await self.gateway.monitor.poll()  # so the first grpc.health.v1 answer comes from a real check
         self.gateway.start()
         self._health_task = asyncio.create_task(self._publish_health())
 
