@@ -107,7 +107,8 @@ class RequestRegistry:
         """Return after the next admit/release, or after ``within_s`` seconds."""
         changed = self._changed
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), within_s)
+            async with asyncio.timeout(within_s):  # not wait_for: on 3.11 it can swallow a cancel
+                await changed.wait()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -77,7 +77,8 @@ class LifecycleService:
 
     async def _probe_check(self, engine: Engine) -> pb.HealthCheck:
         try:
-            message = await asyncio.wait_for(self.probe(engine), self._probe_timeout)
+            async with asyncio.timeout(self._probe_timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                message = await self.probe(engine)
             return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_READY, message=message)
         except TimeoutError:
             text = f"no result within {self._probe_timeout:g}s"

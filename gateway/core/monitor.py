@@ -68,7 +68,8 @@ class EngineMonitor:
                 self._state.engines_down.pop(engine.served_name, None)
                 log.warning("engine %r recovered (%s)", engine.served_name, pb.HealthState.Name(state))
             try:
-                self.load[engine.served_name] = await asyncio.wait_for(engine.backend.load(), _CHECK_TIMEOUT_S)
+                async with asyncio.timeout(_CHECK_TIMEOUT_S):
+                    self.load[engine.served_name] = await engine.backend.load()
             except Exception:  # broad on purpose: load is informational; health covers a broken engine
                 log.debug("load of %r unavailable", engine.served_name, exc_info=True)
         self.polls += 1
@@ -92,7 +93,8 @@ class EngineMonitor:
 async def _check(engine: Engine) -> tuple[pb.HealthState.ValueType, str]:
     """The engine's overall state and the message of its least ready check."""
     try:
-        checks = await asyncio.wait_for(engine.backend.check_health(), _CHECK_TIMEOUT_S)
+        async with asyncio.timeout(_CHECK_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
+            checks = await engine.backend.check_health()
     except TimeoutError:
         return pb.HEALTH_STATE_NOT_READY, f"health check took longer than {_CHECK_TIMEOUT_S:g}s"
     except Exception as exc:  # broad on purpose: a check that raises reports a broken engine
