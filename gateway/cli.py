@@ -7,6 +7,8 @@
                        [--<limit> N ...] [--log-format text|json] [--<driver-option> VALUE ...]
     openengine-gateway backends
     openengine-gateway conformance --target HOST:PORT [--model M] [--json FILE]
+    openengine-gateway bench --target HOST:PORT/MODEL [--target ...] [--concurrency N | --request-rate R]
+                       [--num-requests N] [--duration S] [--json FILE] [--report DIR] (--help for the rest)
 
 Options the gateway does not know are the driver's: ``--max-running-requests 8`` becomes
 ``max_running_requests="8"`` for the driver's settings model to validate (a flag without a
@@ -263,6 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .conformance.cli import main as conformance
 
         return conformance(arguments[1:])
+    if arguments[:1] == ["bench"]:
+        from .bench.cli import main as bench
+
+        return bench(arguments[1:])
     if arguments[:1] == ["serve"]:
         arguments = arguments[1:]
     args, extra = _parser().parse_known_args(arguments)

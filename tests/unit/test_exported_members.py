@@ -29,6 +29,18 @@ MODULES = [
     "openengine_gateway.contract.stream",
     "openengine_gateway.contract.tasks",
     "openengine_gateway.testing",
+    "openengine_gateway.bench",
+    "openengine_gateway.bench.arrivals",
+    "openengine_gateway.bench.cli",
+    "openengine_gateway.bench.errors",
+    "openengine_gateway.bench.plots",
+    "openengine_gateway.bench.progress",
+    "openengine_gateway.bench.prompts",
+    "openengine_gateway.bench.records",
+    "openengine_gateway.bench.report",
+    "openengine_gateway.bench.runner",
+    "openengine_gateway.bench.stats",
+    "openengine_gateway.bench.workload",
 ]
 
 

@@ -1,0 +1,217 @@
+"""``openengine-gateway bench``: one seeded workload against one or more OpenEngine targets.
+
+    openengine-gateway bench --target 127.0.0.1:50051/tiny-llama --target host:50051/model-b \\
+        --num-requests 200 --concurrency 8 --prompt-len 64:256 --output-len 128 \\
+        --json bench.json --report bench-report/
+
+Targets are measured one after another with the same requests (see ``runner``). Exit status 0,
+1 when a target finished no request, 2 on a usage, connection or report error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..client import ClientError
+from .errors import BenchError
+from .plots import require_matplotlib, write_plots
+from .prompts import load_prompts
+from .records import Target
+from .report import to_json, to_text
+from .runner import Connection, RunOptions, benchmark
+from .stats import compare
+from .workload import Lengths, Workload, WorkloadSpec
+
+T = TypeVar("T")
+
+DEFAULT_REQUESTS = 100
+"""Requests per target when neither a count nor a duration is given."""
+
+
+def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` for argparse, with its ``ValueError`` message shown as the usage error."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openengine-gateway bench",
+        description="Benchmark OpenEngine endpoints with one seeded workload, target after target.",
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        type=_typed(Target.parse),
+        metavar="HOST:PORT/MODEL",
+        help="HOST:PORT/MODEL (or HOST:PORT for the server's only model); repeat to compare",
+    )
+    load = parser.add_argument_group("load (the run ends at whichever bound comes first)")
+    load.add_argument(
+        "--num-requests", type=int, metavar="N", help=f"measured requests per target (default {DEFAULT_REQUESTS})"
+    )
+    load.add_argument("--duration", type=float, metavar="S", help="seconds per target to keep sending")
+    load.add_argument(
+        "--concurrency", type=int, metavar="N", help="requests in flight (default 1); with --request-rate, a cap"
+    )
+    load.add_argument(
+        "--request-rate", type=float, metavar="R", help="requests/s with gamma arrivals ('inf': all at once)"
+    )
+    load.add_argument("--burstiness", type=float, metavar="B", default=1.0, help="gamma shape of arrivals (1: Poisson)")
+    load.add_argument(
+        "--warmup", type=int, metavar="N", default=2, help="unmeasured requests before each target (default 2)"
+    )
+    load.add_argument("--timeout", type=float, metavar="S", default=300.0, help="seconds per request (default 300)")
+    work = parser.add_argument_group("workload")
+    work.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals (default 0)")
+    work.add_argument(
+        "--prompt-len",
+        type=_typed(Lengths.parse),
+        metavar="N|LOW:HIGH",
+        default=Lengths(128, 128),
+        help="N or LOW:HIGH",
+    )
+    work.add_argument(
+        "--output-len", type=_typed(Lengths.parse), metavar="N|LOW:HIGH", default=Lengths(64, 64), help="N or LOW:HIGH"
+    )
+    work.add_argument(
+        "--prompts-file", type=Path, metavar="FILE", help='prompts: JSONL {"prompt", "output_len"?} or text lines'
+    )
+    work.add_argument("--prefix-groups", type=int, metavar="N", default=0, help="groups of prompts sharing a prefix")
+    work.add_argument("--prefix-len", type=int, metavar="L", default=0, help="length of each group's shared prefix")
+    work.add_argument("--vocab-size", type=int, metavar="V", help="send random token ids below this instead of text")
+    work.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy: agreement is reported")
+    work.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate exactly the output length (default on)",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the results as JSON to this file ('-' for stdout)"
+    )
+    output.add_argument(
+        "--report", type=Path, metavar="DIR", help="write PNG plots into this directory (needs matplotlib)"
+    )
+    output.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    security = parser.add_argument_group("connection")
+    security.add_argument("--token", help="bearer token, if the servers require one")
+    security.add_argument("--ca", type=Path, metavar="FILE", help="CA certificate (PEM) of TLS servers")
+    security.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
+    return parser
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
+        seed=args.seed,
+        prompt_lengths=args.prompt_len,
+        output_lengths=args.output_len,
+        prefix_groups=args.prefix_groups,
+        prefix_length=args.prefix_len,
+        vocab_size=args.vocab_size,
+        prompts=load_prompts(args.prompts_file) if args.prompts_file else (),
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+    )
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    bounded = args.num_requests is not None or args.duration is not None
+    return RunOptions(
+        concurrency=args.concurrency if args.concurrency is not None or args.request_rate else 1,
+        num_requests=args.num_requests if bounded else DEFAULT_REQUESTS,
+        duration_s=args.duration,
+        warmup=args.warmup,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        timeout_s=args.timeout,
+    )
+
+
+def _describe(spec: WorkloadSpec, options: RunOptions) -> str:
+    """The workload in one line, for the head of the table."""
+    if spec.request_rate is None:
+        load = f"concurrency {options.concurrency}"
+    else:
+        cap = f", at most {options.concurrency} in flight" if options.concurrency else ""
+        load = f"{spec.request_rate:g} requests/s (burstiness {spec.burstiness:g}){cap}"
+    bounds = [f"{options.num_requests} requests"] if options.num_requests is not None else []
+    bounds += [f"{options.duration_s:g}s"] if options.duration_s is not None else []
+    unit = "tokens" if spec.vocab_size is not None else "chars"
+    prompts = f"{len(spec.prompts)} file prompts" if spec.prompts else f"prompt {spec.prompt_lengths} {unit}"
+    prefix = f", {spec.prefix_groups} groups sharing {spec.prefix_length} {unit}" if spec.prefix_groups else ""
+    return (
+        f"{load}, {' or '.join(bounds)} per target, {prompts}{prefix}, output {spec.output_lengths} tokens, "
+        f"temperature {options.temperature:g}, seed {spec.seed}"
+    )
+
+
+def _settings(
+    targets: Sequence[Target], spec: WorkloadSpec, options: RunOptions, prompts: Path | None
+) -> dict[str, Any]:
+    workload = {k: v for k, v in dataclasses.asdict(spec).items() if k != "prompts"}
+    return {
+        "targets": [t.label for t in targets],
+        **workload,
+        "prompts_file": str(prompts) if prompts else None,
+        **dataclasses.asdict(options),
+    }
+
+
+async def run(argv: Sequence[str]) -> int:
+    """The subcommand inside a running event loop (``main`` runs it; tests await it)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        spec, options = _workload(args), _options(args)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.report is not None:
+        require_matplotlib()
+    targets: list[Target] = args.target
+    connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
+    runs = await benchmark(
+        targets, Workload(spec), options, connection, progress=not args.no_progress and sys.stderr.isatty()
+    )
+    comparison = compare(runs, greedy=options.temperature == 0.0)
+    json_to_stdout = args.json is not None and str(args.json) == "-"
+    if args.json is not None:
+        text = to_json(comparison, runs, _settings(targets, spec, options, args.prompts_file))
+        if json_to_stdout:
+            print(text)
+        else:
+            args.json.write_text(text + "\n")
+    if not json_to_stdout:
+        print(f"OpenEngine benchmark: {_describe(spec, options)}")
+        print(to_text(comparison))
+    if args.report is not None:
+        written = write_plots(runs, args.report)
+        where = sys.stderr if json_to_stdout else sys.stdout
+        print(f"report: {', '.join(p.name for p in written)} in {args.report}", file=where)
+    return 1 if any(s.completed == 0 for s in comparison.summaries) else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of the ``bench`` subcommand."""
+    try:
+        return asyncio.run(run(argv))
+    except (BenchError, ClientError, OSError) as error:
+        print(f"openengine-gateway bench: {error}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["DEFAULT_REQUESTS", "main", "run"]

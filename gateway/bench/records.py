@@ -1,0 +1,75 @@
+"""What a run measured: the target, and one record per request with the receive time of every message.
+
+Times are seconds on one monotonic clock whose zero is the start of the target's measured phase,
+so records of one target line up for throughput over time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Target:
+    """An OpenEngine endpoint and the model to ask it for (empty: the server's only model)."""
+
+    address: str
+    model: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """``host:port/model`` (the model may itself contain ``/``) or ``host:port``."""
+        address, _, model = text.partition("/")
+        if not address:
+            raise ValueError(f"a target is HOST:PORT/MODEL, not {text!r}")
+        return cls(address, model)
+
+    @property
+    def label(self) -> str:
+        """How reports name the target."""
+        return f"{self.address}/{self.model}" if self.model else self.address
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it.
+
+    ``message_times`` and ``message_tokens`` hold, for every ``TokenOutput`` that carried tokens,
+    when it arrived and how many tokens it carried: coalesced tokens share one arrival.
+    ``error`` names the gRPC status (``UNAVAILABLE``) or the ``EngineError`` code
+    (``ERROR_CODE_OVERLOADED``) that ended the request; ``None`` when it finished.
+    """
+
+    index: int
+    started: float
+    ended: float = 0.0
+    message_times: list[float] = field(default_factory=list)
+    message_tokens: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the request finished without an error."""
+        return self.error is None
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens streamed to the client."""
+        return len(self.token_ids)
+
+
+@dataclass
+class TargetRun:
+    """The measured phase against one target: who answered, how long it took, every request."""
+
+    target: Target
+    engine: str
+    duration_s: float
+    records: list[RequestRecord]
+
+
+__all__ = ["RequestRecord", "Target", "TargetRun"]

@@ -1,0 +1,215 @@
+"""Drive targets with the workload and record the receive time of every streamed message.
+
+Targets run one after another, never interleaved: each gets the whole client (its CPU, its event
+loop, the network path) to itself, so one engine's load cannot inflate another's latencies, and
+a target that fails outright does not disturb the others. The price is that slow drift of the
+client machine shows up between targets; the warm-up requests before each measured phase, and the
+identical seeded workload, keep that small.
+
+A fixed concurrency keeps that many requests in flight (each worker sends the next request when
+its previous one ends). A request rate sends each request at its arrival time from the workload,
+optionally capped by the concurrency. Either way the run stops sending at the request count or,
+with a duration, after it (at a rate: requests scheduled after it are not sent, so every target
+gets the same ones), then waits for the requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .. import pb
+from ..client import OpenEngineClient, StatusError, text_request
+from .progress import Progress
+from .records import RequestRecord, Target, TargetRun
+from .workload import BenchRequest, Workload
+
+OnDone = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How requests are sent; the same for every target.
+
+    ``concurrency`` is the number of requests in flight at a fixed concurrency, and an optional
+    cap on them at a request rate. At least one of ``num_requests`` and ``duration_s`` bounds
+    the run; the first reached ends it.
+    """
+
+    concurrency: int | None = 1
+    num_requests: int | None = 100
+    duration_s: float | None = None
+    warmup: int = 0
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    timeout_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("bound the run by a number of requests, a duration, or both")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach every target: bearer token and TLS (system roots unless a CA is given)."""
+
+    token: str | None = None
+    root_certificates: bytes | None = None
+    tls: bool = False
+
+
+class _Sender:
+    """Sends one request and records it, on a clock that starts when the sender is made."""
+
+    def __init__(self, client: OpenEngineClient, target: Target, options: RunOptions, on_done: OnDone | None) -> None:
+        self._client = client
+        self._model = target.model
+        self._options = options
+        self._on_done = on_done
+        self._zero = time.perf_counter()
+
+    def clock(self) -> float:
+        """Seconds since this sender was made."""
+        return time.perf_counter() - self._zero
+
+    async def __call__(self, request: BenchRequest) -> RequestRecord:
+        options = self._options
+        message = text_request(
+            request.prompt,
+            model=self._model,
+            max_tokens=request.max_tokens,
+            temperature=options.temperature,
+            ignore_eos=options.ignore_eos,
+        )
+        record = RequestRecord(request.index, self.clock())
+        try:
+            async for response in self._client.stream(message, timeout_s=options.timeout_s):
+                received = self.clock()
+                kind = response.WhichOneof("event")
+                if kind == "token" and response.token.tokens:
+                    record.message_times.append(received)
+                    record.message_tokens.append(len(response.token.tokens))
+                    record.token_ids.extend(t.token_id for t in response.token.tokens)
+                elif kind == "error":
+                    record.error = pb.ErrorCode.Name(response.error.code)
+                if response.HasField("usage"):
+                    usage = response.usage
+                    record.prompt_tokens = usage.prompt_tokens
+                    record.completion_tokens = usage.completion_tokens
+                    if usage.HasField("cached_prompt_tokens"):
+                        record.cached_prompt_tokens = usage.cached_prompt_tokens
+        except StatusError as error:
+            record.error = error.code.name
+        record.ended = self.clock()
+        if self._on_done is not None:
+            self._on_done(record)
+        return record
+
+
+async def _fixed_concurrency(
+    send: _Sender,
+    request_at: Callable[[int], BenchRequest],
+    workers: int,
+    limit: int | None,
+    deadline: float | None,
+) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    indices = itertools.count()
+
+    async def worker() -> None:
+        for index in indices:
+            if (limit is not None and index >= limit) or (deadline is not None and send.clock() >= deadline):
+                return
+            records.append(await send(request_at(index)))
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(workers):
+            group.create_task(worker())
+    return records
+
+
+async def _request_rate(
+    send: _Sender, workload: Workload, cap: int | None, limit: int | None, deadline: float | None
+) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    in_flight = asyncio.Semaphore(cap) if cap is not None else None
+
+    async def one(request: BenchRequest) -> None:
+        try:
+            records.append(await send(request))
+        finally:
+            if in_flight is not None:
+                in_flight.release()
+
+    async with asyncio.TaskGroup() as group:
+        for index in itertools.count():
+            request = workload.request(index)
+            assert request.send_at is not None, "a request-rate workload gives every request an arrival time"
+            if (limit is not None and index >= limit) or (deadline is not None and request.send_at >= deadline):
+                break
+            delay = request.send_at - send.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if in_flight is not None:
+                await in_flight.acquire()
+            group.create_task(one(request))
+    return records
+
+
+async def run_target(
+    client: OpenEngineClient,
+    target: Target,
+    workload: Workload,
+    options: RunOptions,
+    on_done: OnDone | None = None,
+) -> TargetRun:
+    """Warm ``target`` up, then run the measured phase; ``on_done`` sees each measured request."""
+    if options.warmup:
+        warmup = workload.warmup(options.warmup)
+        sender = _Sender(client, target, options, None)
+        await _fixed_concurrency(sender, warmup.__getitem__, options.concurrency or 1, len(warmup), None)
+    sender = _Sender(client, target, options, on_done)
+    if workload.spec.request_rate is None:
+        workers = options.concurrency or 1
+        records = await _fixed_concurrency(sender, workload.request, workers, options.num_requests, options.duration_s)
+    else:
+        records = await _request_rate(sender, workload, options.concurrency, options.num_requests, options.duration_s)
+    duration = sender.clock()
+    info = client.engine_info
+    engine = f"{info.engine_name} {info.engine_version}" if info is not None else ""
+    return TargetRun(target, engine, duration, sorted(records, key=lambda r: r.index))
+
+
+async def benchmark(
+    targets: Sequence[Target],
+    workload: Workload,
+    options: RunOptions,
+    connection: Connection = Connection(),
+    *,
+    progress: bool = False,
+) -> list[TargetRun]:
+    """Run ``workload`` against every target in turn, with a progress line on stderr if asked."""
+    runs: list[TargetRun] = []
+    for target in targets:
+        client = await OpenEngineClient.connect(
+            target.address,
+            token=connection.token,
+            root_certificates=connection.root_certificates,
+            tls=connection.tls,
+            check_compatibility=False,
+        )
+        line = Progress(target.label, options.num_requests, enabled=progress)
+        try:
+            async with client:
+                runs.append(await run_target(client, target, workload, options, line.update))
+        finally:
+            line.close()
+    return runs
+
+
+__all__ = ["Connection", "OnDone", "RunOptions", "benchmark", "run_target"]
