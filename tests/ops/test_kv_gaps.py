@@ -25,6 +25,7 @@ from openengine_gateway.testing import serve_backends
 
 from tests.fakes import FakeBackend
 from tests.ops.conftest import Figures
+from tests.ops.support import wait_until
 
 TOPIC = b"kv"
 
@@ -171,14 +172,16 @@ async def test_an_unrepaired_gap_ends_subscribers_with_a_retryable_error(replay:
         await asyncio.sleep(0.3)  # the bridge's SUB socket joins
         stub = running.stub
         live = stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
+        hub = running.gateway.events.kv
+        await wait_until(lambda: hub.subscriber_count == 1, what="the live subscription")  # it sees what follows
         await fake.publish(0)
         await fake.publish(1)
-        assert [(await live.read()).batch.sequence_number for _ in range(2)] == [1, 2]
+        assert [(await asyncio.wait_for(live.read(), 5)).batch.sequence_number for _ in range(2)] == [1, 2]
         await fake.publish(2, lost=True)
         await fake.publish(3, lost=True)
         await fake.publish(4)
-        final = await live.read()
-        assert await live.read() is grpc.aio.EOF
+        final = await asyncio.wait_for(live.read(), 5)
+        assert await asyncio.wait_for(live.read(), 5) is grpc.aio.EOF
         error = final.error
         assert error.code == pb.ERROR_CODE_INTERNAL and error.retryable and error.HasField("retry_after_ms")
         missing = dict(error.details)
@@ -187,10 +190,10 @@ async def test_an_unrepaired_gap_ends_subscribers_with_a_retryable_error(replay:
             await stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest(start_sequence_number=2)).read()
         assert across.value.code() == grpc.StatusCode.OUT_OF_RANGE
         again = stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest(include_snapshot=True))
-        snapshot = (await again.read()).batch
+        snapshot = (await asyncio.wait_for(again.read(), 5)).batch
         assert snapshot.sequence_number == 5
         await fake.publish(5)
-        assert (await again.read()).batch.sequence_number == 6
+        assert (await asyncio.wait_for(again.read(), 5)).batch.sequence_number == 6
         again.cancel()
-        assert running.gateway.events.kv.gaps == 1
+        assert hub.gaps == 1
     figures.record(f"kv gaps: unrepaired gap reported to subscribers (replay socket: {replay})", "yes")
