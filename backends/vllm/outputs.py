@@ -84,6 +84,7 @@ class RequestStream:
         if not self._prompt_sent and output.prompt_logprobs:
             self._prompt_sent = True
             events.append(self._prompt(output))
+        first = not self._prompt_ids
         self._prompt_ids = output.prompt_token_ids or self._prompt_ids
         if self._prefill:
             self._counts[0] += sum(len(completion.token_ids) for completion in output.outputs)
@@ -92,6 +93,8 @@ class RequestStream:
             return events
         for completion in output.outputs:
             self._completion(completion, output, events)
+        if first and not output.finished:
+            events.append(self.usage(output))  # a request cut short (aborted) still counts its prompt
         return events
 
     def usage(self, output: Any) -> UsageReport:

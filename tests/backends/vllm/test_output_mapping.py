@@ -42,12 +42,14 @@ def output(*completions: CompletionOutput, finished: bool = False, **fields: obj
 def test_deltas_without_logprobs_are_ids_and_text() -> None:
     stream = RequestStream(request(), eos_token_ids=(EOS,))
     assert stream.events(output(CompletionOutput(0, " a", [5, 6]))) == [
-        TokenDelta(0, [TokenRecord(5), TokenRecord(6)], " a")
+        TokenDelta(0, [TokenRecord(5), TokenRecord(6)], " a"),
+        UsageReport(prompt_tokens=3, completion_tokens=2, cached_prompt_tokens=0),  # so an abort counts the prompt
     ]
+    assert stream.events(output(CompletionOutput(0, "", [9]))) == [TokenDelta(0, [TokenRecord(9)], "")], "once only"
     events = stream.events(output(CompletionOutput(0, "b", [7], finish_reason="length"), finished=True))
     assert events == [
         TokenDelta(0, [TokenRecord(7)], "b"),
-        UsageReport(prompt_tokens=3, completion_tokens=3, cached_prompt_tokens=0),
+        UsageReport(prompt_tokens=3, completion_tokens=4, cached_prompt_tokens=0),
         OutputFinished(0, pb.FINISH_REASON_LENGTH),
     ]
 
@@ -80,7 +82,9 @@ def test_a_generation_config_eos_reported_as_a_stop_token_is_eos() -> None:
 
 def test_stop_strings_come_from_vllms_stop_reason() -> None:
     stream = RequestStream(request(stopping=Stopping(stop_texts=("ab",))), eos_token_ids=(EOS,))
-    events = stream.events(output(CompletionOutput(0, "x", [4, 5], finish_reason="stop", stop_reason="ab")))
+    events = stream.events(
+        output(CompletionOutput(0, "x", [4, 5], finish_reason="stop", stop_reason="ab"), finished=True)
+    )
     assert events[-1] == OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.text("ab"))
 
 
@@ -92,7 +96,7 @@ def test_top_n_logprobs_one_record_per_token_with_true_ranks(form: object) -> No
         [(8, -3.0, 4, "c"), (2, -0.2, 1, "d"), (3, -0.9, 2, "e")],
     ]
     stream = RequestStream(wanted, eos_token_ids=(EOS,))
-    (delta,) = stream.events(output(CompletionOutput(0, "ac", [5, 8], logprobs=form(*rows))))  # type: ignore[operator]
+    delta, _usage = stream.events(output(CompletionOutput(0, "ac", [5, 8], logprobs=form(*rows))))  # type: ignore[operator]
     assert delta == TokenDelta(
         0,
         [
@@ -109,7 +113,7 @@ def test_explicit_candidate_ids_carry_no_rank_and_keep_request_order() -> None:
     wanted = request(output_logprobs=LogprobRequest(CandidateSelection(IDS, token_ids=(6, 5))))
     rows = [[(5, -0.5, 1, "a"), (6, -1.5, 1, "b"), (5, -0.5, 2, "a")]]
     stream = RequestStream(wanted, eos_token_ids=(EOS,))
-    (delta,) = stream.events(output(CompletionOutput(0, "a", [5], logprobs=flat(*rows))))
+    delta, _usage = stream.events(output(CompletionOutput(0, "a", [5], logprobs=flat(*rows))))
     assert delta.tokens == [TokenRecord(5, "a", -0.5, 1, [Candidate(6, -1.5, "b"), Candidate(5, -0.5, "a")])]
 
 

@@ -31,21 +31,9 @@ async def target(gateway: RunningGateway) -> AsyncIterator[Target]:
         yield await Target.open(client, MODEL)
 
 
-DRIVER_BUGS = {
-    "abort.usage": "the vLLM driver reports usage only with a request's final output, so the usage of a request "
-    "aborted mid-stream counts no prompt tokens",
-}
-"""Rules the vLLM driver breaks today, by rule id: each must keep failing until the driver is fixed."""
-
-
 @pytest.mark.parametrize(
     "rule",
-    [
-        pytest.param(rule, marks=pytest.mark.xfail(reason=DRIVER_BUGS[rule.id], strict=True))
-        if rule.id in DRIVER_BUGS
-        else rule
-        for rule in all_rules()
-    ],
+    all_rules(),
     ids=lambda rule: rule.id,
 )
 async def test_rule(target: Target, rule: Rule) -> None:
