@@ -119,15 +119,15 @@ async def test_kv_events_from_sglangs_publisher(fake: types.ModuleType) -> None:
         sources = await running.stub.GetKvEventSources(pb.GetKvEventSourcesRequest())
         assert [s.endpoint_addr.port for s in sources.sources] == [port]
         events = running.stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
+        first = asyncio.ensure_future(events.read())  # awaited without a timeout: cancelling a read ends the call
         for _ in range(100):  # a SUB socket joins asynchronously: generate until a batch arrives
             await collect(running, request("abcd", sampling=GREEDY))
-            try:
-                response = await asyncio.wait_for(events.read(), 0.1)
+            done, _ = await asyncio.wait({first}, timeout=0.1)
+            if done:
                 break
-            except TimeoutError:
-                continue
+        assert first.done(), "no KV batch arrived"
         events.cancel()
-    stored = response.batch.events[0].block_stored
+    stored = first.result().batch.events[0].block_stored
     assert list(stored.token_ids) == [ord(c) for c in "abcd"] and stored.block_size == 2
     assert stored.medium == pb.STORAGE_MEDIUM_GPU and len(stored.block_hashes) == 2
 
