@@ -69,6 +69,10 @@ class EngineCore:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._steps = 0
+        self.accepted = 0
+        """Requests ever queued on this rank."""
+        self.aborted = 0
+        """Requests ever removed by ``abort`` before they ended (an unknown id counts nothing)."""
         self.failure: str | None = None
         self.on_crash: Callable[[str], None] = self.fail
         """Called with a message when the loop crashes; the backend fails the whole engine."""
@@ -115,6 +119,7 @@ class EngineCore:
     def add(self, request: MockRequest) -> None:
         """Queue an accepted request."""
         self._requests[request.request_id] = request
+        self.accepted += 1
         bisect.insort(self.waiting, request, key=self._order)
         if request.transfer is not None:
             request.transfer.add_done_callback(lambda task: self._transferred(request, task))
@@ -126,6 +131,7 @@ class EngineCore:
         request = self._requests.pop(request_id, None)
         if request is None:
             return False
+        self.aborted += 1
         self._drop(request)
         request.stream.cancel()
         self._queue_event("aborted")

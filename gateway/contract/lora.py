@@ -4,7 +4,8 @@ The gateway owns the name ↔ id ↔ path mapping (some engines list adapters by
 every driver gets the same semantics:
 
 * ``lora_id`` is positive, ``lora_name`` non-empty, ``source_path`` an absolute directory
-  (symlinks resolved) inside the operator's allowed roots when those are configured;
+  (symlinks resolved; no NUL, which no path can hold) inside the operator's allowed roots
+  when those are configured;
 * loading the same id, name and path again is idempotent (``already_loaded``);
 * a conflicting id, name or path is ALREADY_EXISTS; an unknown name is NOT_FOUND.
 """
@@ -44,7 +45,7 @@ class LoraRegistry:
         if not requested.lora_name:
             raise InvalidArgument("adapter.lora_name must be non-empty")
         path = requested.source_path
-        if not path or not os.path.isabs(path):
+        if not path or not os.path.isabs(path) or "\0" in path:
             raise InvalidArgument("adapter.source_path must be an absolute directory path")
         real = Path(os.path.realpath(path))
         if self._allowed and not any(real.is_relative_to(root) for root in self._allowed):

@@ -35,6 +35,7 @@ def load(registry: LoraRegistry, lora_id: int, name: str, path: str | Path) -> t
         (1, "", "{root}/a", InvalidArgument, "lora_name"),
         (1, "x", "", InvalidArgument, "absolute"),
         (1, "x", "a", InvalidArgument, "absolute"),
+        (1, "x", "{root}/a\0", InvalidArgument, "absolute"),  # os.path.realpath would raise ValueError
         (1, "x", "{root}/missing", InvalidArgument, "not a directory"),
         (1, "x", "{root}/file", InvalidArgument, "not a directory"),
     ],

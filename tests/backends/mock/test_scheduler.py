@@ -109,7 +109,9 @@ async def test_abort_frees_blocks_and_ends_the_stream() -> None:
         assert stream.cancelled and other.cancelled
         assert [e async for e in stream] == [] and [e async for e in other] == []
         load = await backend.load()
+        await backend.abort("never-seen")
     assert (load.running_requests, load.queued_requests, load.used_kv_blocks) == (0, 0, 0)
+    assert (backend.cores[0].accepted, backend.cores[0].aborted) == (2, 2)  # each counted once
 
 
 async def test_outputs_share_their_prompt_blocks() -> None:
