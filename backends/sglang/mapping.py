@@ -265,13 +265,7 @@ def guided_fields(guidance: Guidance, engine_backend: str | None) -> dict[str, A
 
     SGLang picks its grammar backend per engine, so a request naming another is rejected.
     """
-    if engine_backend is None:
-        raise InvalidArgument("this SGLang engine runs without a grammar backend")
-    if guidance.backend and guidance.backend != engine_backend:
-        raise InvalidArgument(
-            f"guided.backend {guidance.backend!r} differs from this engine's grammar backend {engine_backend!r}; "
-            "SGLang selects the backend per engine"
-        )
+    guidance.require_backend(engine_backend, engine="SGLang", setting="grammar backend")
     if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
         return {"regex": choice_regex(guidance.choices)}
     if guidance.mode == pb.GUIDED_DECODING_MODE_JSON_OBJECT:

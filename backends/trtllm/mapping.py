@@ -148,13 +148,7 @@ def guided_kwargs(guidance: Guidance, engine_backend: str | None) -> dict[str, A
     TensorRT-LLM picks its grammar backend per engine (``guided_decoding_backend``) and,
     without one, ignores guidance silently, so both cases are rejected here.
     """
-    if engine_backend is None:
-        raise InvalidArgument("this TensorRT-LLM engine was started without a guided_decoding_backend")
-    if guidance.backend and guidance.backend != engine_backend:
-        raise InvalidArgument(
-            f"guided.backend {guidance.backend!r} differs from this engine's guided_decoding_backend "
-            f"{engine_backend!r}; TensorRT-LLM selects the backend per engine"
-        )
+    guidance.require_backend(engine_backend, engine="TensorRT-LLM", setting="guided_decoding_backend")
     if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
         return {"regex": choice_regex(guidance.choices)}
     if guidance.mode == pb.GUIDED_DECODING_MODE_JSON_OBJECT:

@@ -228,13 +228,7 @@ def guided_kwargs(guidance: Guidance, engine_backend: str | None) -> dict[str, A
     vLLM picks its grammar backend per engine, not per request, so a request naming a backend
     other than the one the engine was started with is rejected.
     """
-    if engine_backend is None:
-        raise InvalidArgument("this vLLM engine has no structured-outputs backend")
-    if guidance.backend and guidance.backend != engine_backend:
-        raise InvalidArgument(
-            f"guided.backend {guidance.backend!r} differs from this engine's structured-outputs backend "
-            f"{engine_backend!r}; vLLM selects the backend per engine"
-        )
+    guidance.require_backend(engine_backend, engine="vLLM", setting="structured-outputs backend")
     if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
         return {"choice": list(guidance.choices)}
     if guidance.mode == pb.GUIDED_DECODING_MODE_JSON_OBJECT:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import pb
+from ..errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,21 @@ class Guidance:
     spec: str = ""
     choices: tuple[str, ...] = ()
     backend: str = ""
+
+    def require_backend(self, engine_backend: str | None, *, engine: str, setting: str) -> None:
+        """Reject this guide unless ``engine_backend`` (the engine's ``setting``) can serve it.
+
+        The in-tree engines pick their grammar backend once per engine, not per request: a
+        guide needs one (without it some engines ignore guidance silently), and a request
+        naming another backend would be served by a different one than it asked for.
+        """
+        if engine_backend is None:
+            raise InvalidArgument(f"this {engine} engine was started without a {setting}")
+        if self.backend and self.backend != engine_backend:
+            raise InvalidArgument(
+                f"guided.backend {self.backend!r} differs from this engine's {setting} {engine_backend!r}; "
+                f"{engine} selects the backend per engine"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ def test_a_request_backend_other_than_the_engines_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="per engine"):
         mapping.guided_kwargs(guide, "xgrammar")
     assert mapping.guided_kwargs(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="a", backend="xgrammar"), "xgrammar")
-    with pytest.raises(InvalidArgument, match="no structured-outputs"):
+    with pytest.raises(InvalidArgument, match="without a structured-outputs backend"):
         mapping.guided_kwargs(guide, None)
 
 
