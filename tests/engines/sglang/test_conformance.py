@@ -12,7 +12,9 @@ pytest.importorskip("sglang")
 from openengine_backends.sglang import SglangBackend, SglangSettings
 from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, in_process_target, run_rule
 
-from .conftest import MODEL, server_options
+from tests.engines.streams import MODEL
+
+from .conftest import server_options
 
 pytestmark = pytest.mark.sglang
 

@@ -17,7 +17,9 @@ pytest.importorskip("sglang")
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway
 
-from .conftest import collect, engine_of, finished, free_port, generate_request, start, text, tokens
+from tests.engines.streams import collect, finished, free_port, generate_request, text, tokens
+
+from .conftest import engine_of, start
 
 pytestmark = pytest.mark.sglang
 
@@ -59,7 +61,7 @@ async def test_greedy_ids_and_logprobs_equal_sglangs_own(running: RunningGateway
             return_prompt_logprobs=True,
         ),
     )
-    responses = await collect(running, request)
+    responses = await collect(running.stub, request)
     reference = await native(
         running,
         input_ids=ids,
@@ -89,21 +91,23 @@ async def test_greedy_ids_and_logprobs_equal_sglangs_own(running: RunningGateway
 
 async def test_stop_tokens_stop_strings_and_eos(running: RunningGateway) -> None:
     base = generate_request("base", prompt=PROMPT, sampling=GREEDY, stopping=pb.StoppingOptions(max_tokens=16))
-    greedy = await collect(running, base)
+    greedy = await collect(running.stub, base)
     ids = [t.token_id for t in tokens(greedy)]
     stop_id = next(i for position, i in enumerate(ids) if position >= 2 and i not in ids[:position])
     stop = pb.StoppingOptions(max_tokens=16, conditions=[pb.StopCondition(stop_token_id=stop_id)])
-    dropped = await collect(running, generate_request("stop-id", prompt=PROMPT, sampling=GREEDY, stopping=stop))
+    dropped = await collect(running.stub, generate_request("stop-id", prompt=PROMPT, sampling=GREEDY, stopping=stop))
     assert [t.token_id for t in tokens(dropped)] == ids[: ids.index(stop_id)]
     assert finished(dropped)[0].stop_match == pb.StopMatch(stop_token_id=stop_id)
     stop.include_stop_in_output = True
-    kept = await collect(running, generate_request("stop-id-kept", prompt=PROMPT, sampling=GREEDY, stopping=stop))
+    kept = await collect(running.stub, generate_request("stop-id-kept", prompt=PROMPT, sampling=GREEDY, stopping=stop))
     assert [t.token_id for t in tokens(kept)] == ids[: ids.index(stop_id) + 1]
     full = text(greedy)
     needle = full[len(full) // 2 : len(full) // 2 + 3]
     if needle.strip():
         by_text = pb.StoppingOptions(max_tokens=16, conditions=[pb.StopCondition(stop_text=needle)])
-        cut = await collect(running, generate_request("stop-text", prompt=PROMPT, sampling=GREEDY, stopping=by_text))
+        cut = await collect(
+            running.stub, generate_request("stop-text", prompt=PROMPT, sampling=GREEDY, stopping=by_text)
+        )
         assert text(cut) == full[: full.index(needle)]
         assert finished(cut)[0].stop_match.stop_text == needle
 
@@ -111,24 +115,24 @@ async def test_stop_tokens_stop_strings_and_eos(running: RunningGateway) -> None
 async def test_several_sampled_outputs_and_refused_seeds(running: RunningGateway) -> None:
     sampling = pb.SamplingParams(temperature=1.0, num_sequences=3)
     request = generate_request("n3", prompt=PROMPT, sampling=sampling, stopping=pb.StoppingOptions(max_tokens=8))
-    responses = await collect(running, request)
+    responses = await collect(running.stub, request)
     assert sorted(finished(responses)) == [0, 1, 2]
     assert responses[-1].usage.completion_tokens == sum(len(tokens(responses, i)) for i in range(3))
     seeded = generate_request("seeded", prompt=PROMPT, sampling=pb.SamplingParams(seed=1))
     with pytest.raises(grpc.aio.AioRpcError) as error:
-        await collect(running, seeded)
+        await collect(running.stub, seeded)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, "seeds need --enable-deterministic-inference"
 
 
 async def test_guided_regex_and_json(running: RunningGateway) -> None:
     regex = pb.GuidedDecoding(regex="(yes|no)[0-9]{2}")
-    responses = await collect(running, generate_request("regex", prompt=PROMPT, sampling=GREEDY, guided=regex))
+    responses = await collect(running.stub, generate_request("regex", prompt=PROMPT, sampling=GREEDY, guided=regex))
     assert re.fullmatch("(yes|no)[0-9]{2}", text(responses))
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     guided = pb.GuidedDecoding(json_schema=json.dumps(schema))
     stopping = pb.StoppingOptions(max_tokens=64)
     responses = await collect(
-        running, generate_request("json", prompt=PROMPT, sampling=GREEDY, guided=guided, stopping=stopping)
+        running.stub, generate_request("json", prompt=PROMPT, sampling=GREEDY, guided=guided, stopping=stopping)
     )
     assert isinstance(json.loads(text(responses))["a"], int)
 
@@ -152,7 +156,7 @@ async def test_abort_stops_sglangs_request(running: RunningGateway) -> None:
 
 async def test_priority_load_health_and_kv_events(running: RunningGateway) -> None:
     events = running.stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
-    await collect(running, generate_request("prio", prompt=PROMPT * 4, sampling=GREEDY, priority=3))
+    await collect(running.stub, generate_request("prio", prompt=PROMPT * 4, sampling=GREEDY, priority=3))
     batch = await asyncio.wait_for(events.read(), 30)
     events.cancel()
     assert any(event.HasField("block_stored") for event in batch.batch.events)

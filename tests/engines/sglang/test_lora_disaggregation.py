@@ -12,7 +12,9 @@ from openengine_backends.sglang import SglangBackend, SglangSettings
 from openengine_gateway import pb
 from openengine_gateway.testing import serve_backends
 
-from .conftest import MODEL, collect, engine_of, finished, free_port, generate_request, server_options, start, tokens
+from tests.engines.streams import MODEL, collect, finished, free_port, generate_request, tokens
+
+from .conftest import engine_of, server_options, start
 
 pytestmark = pytest.mark.sglang
 
@@ -35,7 +37,7 @@ async def test_lora_load_generate_unload(tiny_model: Path, tmp_path: Path) -> No
             sampling=pb.SamplingParams(temperature=0.0),
             stopping=pb.StoppingOptions(max_tokens=12, ignore_eos=True),
         )
-        got = [t.token_id for t in tokens(await collect(running, request))]
+        got = [t.token_id for t in tokens(await collect(running.stub, request))]
         reference = await engine_of(running).async_generate(prompt=PROMPT, sampling_params=sampling, lora_path="sharp")
         assert got == reference["output_ids"]
         await running.stub.UnloadLora(pb.UnloadLoraRequest(lora_name="sharp"))
@@ -50,12 +52,12 @@ async def test_prefill_ready_then_decode_with_sglangs_fake_transfer(tiny_model: 
     decode_options = server_options(disaggregation_mode="decode", **shared)
     decode = SglangBackend(SglangSettings(model=str(tiny_model), **decode_options))
     async with serve_backends([(MODEL, prefill), (f"{MODEL}-decode", decode)]) as running:
-        (ready,) = await collect(running, generate_request("pd", prompt=PROMPT))
+        (ready,) = await collect(running.stub, generate_request("pd", prompt=PROMPT))
         assert ready.HasField("prefill_ready")
         session = ready.prefill_ready.kv_session
         assert {"bootstrap_host", "bootstrap_port", "bootstrap_room"} <= set(session.attributes_struct.keys())
         request = generate_request("pd", prompt=PROMPT, kv=pb.KvOptions(session=session))
         request.model = f"{MODEL}-decode"
         request.stopping.max_tokens = 8
-        responses = await collect(running, request)
+        responses = await collect(running.stub, request)
         assert 0 in finished(responses)

@@ -15,7 +15,8 @@ import pytest
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway, serve_backends
 
-MODEL = "tiny"
+from tests.engines.streams import MODEL
+
 TOKENS_PER_BLOCK = 32
 
 
@@ -66,33 +67,3 @@ def stub(gateway: RunningGateway) -> pb.OpenEngineStub:
 def llm(gateway: RunningGateway) -> Any:
     """The engine's own ``LLM``, to compare the gateway's stream with TensorRT-LLM's own results."""
     return gateway.gateway.engines.resolve(MODEL).backend._llm  # type: ignore[attr-defined]
-
-
-async def collect(stub: pb.OpenEngineStub, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
-    """Every response of one Generate stream."""
-    return [response async for response in stub.Generate(request)]
-
-
-def generate_request(request_id: str, *, prompt: str | list[int], **fields: Any) -> pb.GenerateRequest:
-    """A Generate request for the tiny model from a text or token-id prompt."""
-    request = pb.GenerateRequest(request_id=request_id, model=MODEL, **fields)
-    if isinstance(prompt, str):
-        request.prompt = prompt
-    else:
-        request.token_ids.ids.extend(prompt)
-    return request
-
-
-def tokens(responses: list[pb.GenerateResponse], index: int = 0) -> list[pb.TokenInfo]:
-    """The token records of output ``index``, in order."""
-    return [t for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens]
-
-
-def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
-    """The text of output ``index``."""
-    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
-
-
-def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
-    """Each output's ``GenerationFinished``."""
-    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}

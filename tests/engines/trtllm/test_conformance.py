@@ -16,7 +16,7 @@ from openengine_gateway.client import OpenEngineClient
 from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, run_rule
 from openengine_gateway.testing import RunningGateway
 
-from .conftest import MODEL
+from tests.engines.streams import MODEL
 
 pytestmark = pytest.mark.trtllm
 

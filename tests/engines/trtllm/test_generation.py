@@ -14,7 +14,9 @@ pytest.importorskip("tensorrt_llm")
 
 from openengine_gateway import pb
 
-from .conftest import TOKENS_PER_BLOCK, collect, finished, generate_request, text, tokens
+from tests.engines.streams import collect, finished, generate_request, text, tokens
+
+from .conftest import TOKENS_PER_BLOCK
 
 pytestmark = pytest.mark.trtllm
 

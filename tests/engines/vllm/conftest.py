@@ -6,7 +6,6 @@ Nothing here imports vLLM, torch or transformers at collection: every test modul
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,18 +14,10 @@ import pytest
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway, serve_backends
 
+from tests.engines.streams import MODEL, free_port
+
 if TYPE_CHECKING:
     from .reference import Reference
-
-MODEL = "tiny"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def engine_options(**overrides: Any) -> dict[str, Any]:
@@ -83,33 +74,3 @@ async def gateway(tiny_model: Path) -> AsyncIterator[RunningGateway]:
 def stub(gateway: RunningGateway) -> pb.OpenEngineStub:
     """A client of the session's gateway."""
     return gateway.stub
-
-
-async def collect(stub: pb.OpenEngineStub, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
-    """Every response of one Generate stream."""
-    return [response async for response in stub.Generate(request)]
-
-
-def generate_request(request_id: str, *, prompt: str | list[int], **fields: Any) -> pb.GenerateRequest:
-    """A Generate request for the tiny model from a text or token-id prompt."""
-    request = pb.GenerateRequest(request_id=request_id, model=MODEL, **fields)
-    if isinstance(prompt, str):
-        request.prompt = prompt
-    else:
-        request.token_ids.ids.extend(prompt)
-    return request
-
-
-def tokens(responses: list[pb.GenerateResponse], index: int = 0) -> list[pb.TokenInfo]:
-    """The token records of output ``index``, in order."""
-    return [t for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens]
-
-
-def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
-    """The text of output ``index``."""
-    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
-
-
-def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
-    """Each output's ``GenerationFinished``."""
-    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}

@@ -18,7 +18,7 @@ from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
 from openengine_gateway.conformance.testing import assert_conforms
 from openengine_gateway.testing import RunningGateway
 
-from .conftest import MODEL
+from tests.engines.streams import MODEL
 
 pytestmark = pytest.mark.vllm
 

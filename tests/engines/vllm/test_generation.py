@@ -11,7 +11,8 @@ pytest.importorskip("vllm")
 
 from openengine_gateway import pb
 
-from .conftest import collect, finished, generate_request, text, tokens
+from tests.engines.streams import collect, finished, generate_request, text, tokens
+
 from .reference import TOLERANCE, Reference
 
 pytestmark = pytest.mark.vllm

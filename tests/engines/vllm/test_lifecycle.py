@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway
 
-from .conftest import MODEL, collect, finished, generate_request, tokens
+from tests.engines.streams import MODEL, collect, finished, generate_request, tokens
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,8 @@ pytest.importorskip("vllm")
 
 from openengine_gateway import pb
 
-from .conftest import MODEL, collect, generate_request, tokens
+from tests.engines.streams import MODEL, collect, generate_request, tokens
+
 from .reference import TOLERANCE, Reference, write_lora
 
 pytestmark = pytest.mark.vllm

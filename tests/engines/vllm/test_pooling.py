@@ -14,7 +14,9 @@ import torch
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway, serve_backends
 
-from .conftest import collect, engine_options
+from tests.engines.streams import collect
+
+from .conftest import engine_options
 from .reference import TOLERANCE, Reference
 
 pytestmark = pytest.mark.vllm
