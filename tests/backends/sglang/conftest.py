@@ -41,11 +41,6 @@ async def serving(*backends: SglangBackend) -> AsyncIterator[RunningGateway]:
         yield running
 
 
-async def collect(running: RunningGateway, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
-    """Every response of one Generate stream."""
-    return [response async for response in running.stub.Generate(request)]
-
-
 def request(prompt: str | list[int] = "say", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
     """A Generate request from text or token ids."""
     message = pb.GenerateRequest(model=model, **fields)
@@ -54,18 +49,3 @@ def request(prompt: str | list[int] = "say", model: str = MODEL, **fields: Any) 
     else:
         message.token_ids.ids.extend(prompt)
     return message
-
-
-def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
-    """Output ``index``'s text."""
-    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
-
-
-def tokens(responses: list[pb.GenerateResponse], index: int = 0) -> list[pb.TokenInfo]:
-    """Output ``index``'s token records, in order."""
-    return [t for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens]
-
-
-def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
-    """Each output's ``GenerationFinished``."""
-    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}

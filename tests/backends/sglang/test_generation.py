@@ -14,8 +14,10 @@ import grpc
 import pytest
 from openengine_gateway import pb
 
+from tests.responses import collect, finished, text, tokens
+
 from . import fake_engine
-from .conftest import GREEDY, collect, finished, request, serving, sglang, text, tokens
+from .conftest import GREEDY, request, serving, sglang
 from .fake_api import EOS
 
 
@@ -26,7 +28,7 @@ def received(index: int = -1) -> object:
 
 async def test_greedy_text_ends_on_eos_with_usage(fake: types.ModuleType) -> None:
     async with serving(sglang()) as running:
-        responses = await collect(running, request("say", sampling=GREEDY))
+        responses = await collect(running.stub, request("say", sampling=GREEDY))
     assert text(responses) == "lo world."
     assert [t.token_id for t in tokens(responses)] == [ord(c) for c in "lo world."] + [EOS]
     assert finished(responses)[0].stop_match == pb.StopMatch(eos_token_id=EOS)
@@ -40,16 +42,16 @@ async def test_greedy_text_ends_on_eos_with_usage(fake: types.ModuleType) -> Non
 async def test_token_id_prompts_and_a_length_finish(fake: types.ModuleType) -> None:
     async with serving(sglang()) as running:
         stopping = pb.StoppingOptions(max_tokens=4)
-        responses = await collect(running, request([104, 101, 108, 108], sampling=GREEDY, stopping=stopping))
+        responses = await collect(running.stub, request([104, 101, 108, 108], sampling=GREEDY, stopping=stopping))
     assert text(responses) == "o wo" and finished(responses)[0].reason == pb.FINISH_REASON_LENGTH
 
 
 async def test_stop_strings_are_held_back_and_trimmed(fake: types.ModuleType) -> None:
     stop = pb.StoppingOptions(conditions=[pb.StopCondition(stop_text="wor")])
     async with serving(sglang()) as running:
-        responses = await collect(running, request("say", sampling=GREEDY, stopping=stop))
+        responses = await collect(running.stub, request("say", sampling=GREEDY, stopping=stop))
         stop.include_stop_in_output = True
-        included = await collect(running, request("say", sampling=GREEDY, stopping=stop))
+        included = await collect(running.stub, request("say", sampling=GREEDY, stopping=stop))
     assert text(responses) == "lo " and finished(responses)[0].stop_match.stop_text == "wor"
     assert text(included) == "lo wor"
 
@@ -57,11 +59,11 @@ async def test_stop_strings_are_held_back_and_trimmed(fake: types.ModuleType) ->
 async def test_a_callers_stop_token_is_dropped_unless_included_and_told_from_eos(fake: types.ModuleType) -> None:
     stop = pb.StoppingOptions(conditions=[pb.StopCondition(stop_token_id=ord("w"))])
     async with serving(sglang()) as running:
-        dropped = await collect(running, request("say", sampling=GREEDY, stopping=stop))
+        dropped = await collect(running.stub, request("say", sampling=GREEDY, stopping=stop))
         stop.include_stop_in_output = True
-        kept = await collect(running, request("say", sampling=GREEDY, stopping=stop))
+        kept = await collect(running.stub, request("say", sampling=GREEDY, stopping=stop))
         eos_by_name = pb.StoppingOptions(conditions=[pb.StopCondition(stop_token_id=EOS)])
-        named = await collect(running, request("say", sampling=GREEDY, stopping=eos_by_name))
+        named = await collect(running.stub, request("say", sampling=GREEDY, stopping=eos_by_name))
     assert text(dropped) == "lo " and [t.token_id for t in tokens(dropped)][-1] == ord(" ")
     assert finished(dropped)[0].stop_match == pb.StopMatch(stop_token_id=ord("w"))
     assert dropped[-1].usage.completion_tokens == 4, "the stop token was generated"
@@ -73,7 +75,7 @@ async def test_with_ignore_eos_the_driver_stops_on_the_callers_token(fake: types
     """SGLang's ``ignore_eos`` disables stop ids too; the driver ends the output and SGLang's request itself."""
     stop = pb.StoppingOptions(max_tokens=40, ignore_eos=True, conditions=[pb.StopCondition(stop_token_id=ord("r"))])
     async with serving(sglang()) as running:
-        responses = await collect(running, request("say", sampling=GREEDY, stopping=stop))
+        responses = await collect(running.stub, request("say", sampling=GREEDY, stopping=stop))
         sent = received()
         for _ in range(100):
             if not fake_engine.ENGINES[0].tokenizer_manager.rid_to_state:
@@ -93,7 +95,7 @@ async def test_output_and_prompt_logprobs_equal_the_models(fake: types.ModuleTyp
         prompt_logprob_start=1,
     )
     async with serving(sglang()) as running:
-        responses = await collect(running, request("say", sampling=GREEDY, response=options))
+        responses = await collect(running.stub, request("say", sampling=GREEDY, response=options))
     got = tokens(responses)
     for position, token in enumerate(got):
         logprobs = fake_engine.distribution(3 + position)
@@ -115,7 +117,7 @@ async def test_all_candidates_cover_the_vocabulary(fake: types.ModuleType) -> No
     options = pb.ResponseOptions(output_candidates=pb.CandidateTokenSelection(all=pb.AllCandidates()))
     async with serving(sglang()) as running:
         stopping = pb.StoppingOptions(max_tokens=1)
-        responses = await collect(running, request("say", sampling=GREEDY, stopping=stopping, response=options))
+        responses = await collect(running.stub, request("say", sampling=GREEDY, stopping=stopping, response=options))
     (token,) = tokens(responses)
     assert len(token.candidates) == 128
     assert math.fsum(math.exp(c.logprob) for c in token.candidates) == pytest.approx(1.0)
@@ -124,7 +126,9 @@ async def test_all_candidates_cover_the_vocabulary(fake: types.ModuleType) -> No
 async def test_several_outputs_run_as_seeded_sglang_requests(fake: types.ModuleType) -> None:
     sampling = pb.SamplingParams(temperature=1.0, seed=7, num_sequences=3)
     async with serving(sglang(enable_deterministic_inference=True)) as running:
-        responses = await collect(running, request("say", sampling=sampling, stopping=pb.StoppingOptions(max_tokens=5)))
+        responses = await collect(
+            running.stub, request("say", sampling=sampling, stopping=pb.StoppingOptions(max_tokens=5))
+        )
     assert sorted(finished(responses)) == [0, 1, 2]
     requests = fake_engine.ENGINES[0].tokenizer_manager.received
     assert [r.sampling_params["sampling_seed"] for r in requests] == [7, 8, 9]
@@ -137,7 +141,7 @@ async def test_options_reach_sglang(fake: types.ModuleType) -> None:
         guided = pb.GuidedDecoding(json_object=pb.JsonObjectConstraint())
         kv = pb.KvOptions(cache_salt="tenant")
         sampling = pb.SamplingParams(temperature=0.0, top_k=0, min_p=0.2)
-        await collect(running, request("say", sampling=sampling, guided=guided, priority=5, kv=kv))
+        await collect(running.stub, request("say", sampling=sampling, guided=guided, priority=5, kv=kv))
     sent = received()
     assert sent.priority == 5 and sent.cache_salt == "tenant"
     assert sent.sampling_params["json_schema"] == '{"type": "object"}'
@@ -154,7 +158,7 @@ async def test_what_sglang_cannot_do_is_refused_before_acceptance(fake: types.Mo
             request(sampling=pb.SamplingParams(repetition_penalty=3.0)),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as error:
-                await collect(running, bad)
+                await collect(running.stub, bad)
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert fake_engine.ENGINES[0].tokenizer_manager.received == []
 
@@ -167,13 +171,13 @@ async def test_sglangs_own_rejection_after_acceptance_is_one_engine_error(
 
     monkeypatch.setattr(fake_engine.TokenizerManager, "_validate", refuse)
     async with serving(sglang()) as running:
-        responses = await collect(running, request("say"))
+        responses = await collect(running.stub, request("say"))
     assert [r.WhichOneof("event") for r in responses] == ["error"]
     assert responses[0].error.code == pb.ERROR_CODE_INVALID_ARGUMENT
 
 
 async def test_cached_prompt_tokens(fake: types.ModuleType) -> None:
     async with serving(sglang(page_size=2)) as running:
-        await collect(running, request("hello there", sampling=GREEDY))
-        again = await collect(running, request("hello world", sampling=GREEDY))
+        await collect(running.stub, request("hello there", sampling=GREEDY))
+        again = await collect(running.stub, request("hello world", sampling=GREEDY))
     assert again[-1].usage.cached_prompt_tokens == 6, "the common prefix 'hello ', in whole pages"

@@ -13,8 +13,10 @@ import pytest
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway
 
+from tests.responses import collect, finished, text
+
 from . import fake_engine
-from .conftest import GREEDY, MODEL, collect, finished, request, serving, sglang, text
+from .conftest import GREEDY, MODEL, request, serving, sglang
 
 LONG = pb.StoppingOptions(max_tokens=200, ignore_eos=True)
 
@@ -90,7 +92,7 @@ async def test_lora_load_generate_list_unload(fake: types.ModuleType, tmp_path: 
         assert [(a.lora_id, a.lora_name) for a in listed.adapters] == [(1, "base")], "SGLang's startup adapters"
         adapter = pb.LoraAdapter(lora_id=7, lora_name="tuned", source_path=str(tmp_path))
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
-        responses = await collect(running, request("say", sampling=GREEDY, lora_name="tuned"))
+        responses = await collect(running.stub, request("say", sampling=GREEDY, lora_name="tuned"))
         await running.stub.UnloadLora(pb.UnloadLoraRequest(lora_name="tuned"))
     assert text(responses) != "lo world.", "the fake adapter shifts the model"
     assert manager().received[-1].lora_path == "tuned"
@@ -121,7 +123,7 @@ async def test_kv_events_from_sglangs_publisher(fake: types.ModuleType) -> None:
         events = running.stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
         first = asyncio.ensure_future(events.read())  # awaited without a timeout: cancelling a read ends the call
         for _ in range(100):  # a SUB socket joins asynchronously: generate until a batch arrives
-            await collect(running, request("abcd", sampling=GREEDY))
+            await collect(running.stub, request("abcd", sampling=GREEDY))
             done, _ = await asyncio.wait({first}, timeout=0.1)
             if done:
                 break
@@ -133,7 +135,7 @@ async def test_kv_events_from_sglangs_publisher(fake: types.ModuleType) -> None:
 
 
 async def prefill_ready(running: RunningGateway, prompt: str, **fields: object) -> pb.KvSessionRef:
-    (response,) = await collect(running, request(prompt, model=MODEL, **fields))  # type: ignore[arg-type]
+    (response,) = await collect(running.stub, request(prompt, model=MODEL, **fields))  # type: ignore[arg-type]
     assert response.HasField("prefill_ready") and response.usage.prompt_tokens == len(prompt)
     return response.prefill_ready.kv_session
 
@@ -149,7 +151,7 @@ async def test_prefill_and_decode_meet_through_the_bootstrap_room(fake: types.Mo
         load = await running.stub.GetLoad(pb.GetLoadRequest())
         assert load.active_kv_sessions == 1, "SGLang's prefill runs on, waiting for its decode"
         kv = pb.KvOptions(session=session)
-        responses = await collect(running, request("say", model=f"{MODEL}1", sampling=GREEDY, kv=kv))
+        responses = await collect(running.stub, request("say", model=f"{MODEL}1", sampling=GREEDY, kv=kv))
         assert text(responses) == "lo world."
         for _ in range(200):
             if (await running.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions == 0:
@@ -176,7 +178,7 @@ async def test_a_kv_session_can_be_aborted_and_a_missing_prefill_fails_the_decod
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
         orphan = pb.KvSessionRef(session_id="x", transfer_backend="mooncake")
         orphan.attributes_struct.update({"bootstrap_host": "nowhere", "bootstrap_port": 1, "bootstrap_room": 5})
-        responses = await collect(running, request("say", model=f"{MODEL}1", kv=pb.KvOptions(session=orphan)))
+        responses = await collect(running.stub, request("say", model=f"{MODEL}1", kv=pb.KvOptions(session=orphan)))
     assert responses[-1].error.code == pb.ERROR_CODE_KV_TRANSFER_FAILED
 
 

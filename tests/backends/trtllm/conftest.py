@@ -45,11 +45,6 @@ async def serving(*backends: TrtllmBackend) -> AsyncIterator[RunningGateway]:
         yield running
 
 
-async def collect(running: RunningGateway, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
-    """Every response of one Generate stream."""
-    return [response async for response in running.stub.Generate(request)]
-
-
 def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
     """A Generate request from text or token ids."""
     message = pb.GenerateRequest(model=model, **fields)
@@ -60,18 +55,8 @@ def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: A
     return message
 
 
-def text(responses: list[pb.GenerateResponse], index: int = 0) -> str:
-    """Output ``index``'s text."""
-    return "".join(r.token.text for r in responses if r.HasField("token") and r.token.output_index == index)
-
-
 def token_ids(responses: list[pb.GenerateResponse], index: int = 0) -> list[int]:
     """Output ``index``'s token ids."""
     return [
         t.token_id for r in responses if r.HasField("token") and r.token.output_index == index for t in r.token.tokens
     ]
-
-
-def finished(responses: list[pb.GenerateResponse]) -> dict[int, pb.GenerationFinished]:
-    """Each output's finish."""
-    return {r.finished.output_index: r.finished for r in responses if r.HasField("finished")}

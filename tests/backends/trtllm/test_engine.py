@@ -12,8 +12,10 @@ from openengine_backends.trtllm.mapping import trt_priority
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
 
+from tests.responses import collect, finished, text
+
 from . import fake_llm
-from .conftest import MODEL, collect, finished, request, serving, text, token_ids, trtllm
+from .conftest import MODEL, request, serving, token_ids, trtllm
 from .fake_api import Installed, SchedulingParams, install
 
 pytestmark = pytest.mark.usefixtures("fake")
@@ -41,14 +43,14 @@ PROMPT = fake_llm.Tokenizer().encode("The fox")
 
 async def rejected(running: object, message: pb.GenerateRequest) -> grpc.StatusCode:
     with pytest.raises(grpc.aio.AioRpcError) as error:
-        await collect(running, message)  # type: ignore[arg-type]
+        await collect(running.stub, message)  # type: ignore[arg-type]
     return error.value.code()
 
 
 async def test_text_and_token_prompts_stream_the_greedy_deltas() -> None:
     async with serving(trtllm()) as running:
-        by_text = await collect(running, request("The fox", stopping=STOP(max_tokens=8), sampling=None))
-        by_ids = await collect(running, request(PROMPT, stopping=STOP(max_tokens=8)))
+        by_text = await collect(running.stub, request("The fox", stopping=STOP(max_tokens=8), sampling=None))
+        by_ids = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=8)))
     expected = greedy(PROMPT, 8)
     assert token_ids(by_text) == token_ids(by_ids) == expected
     assert text(by_text) == pieces(expected)
@@ -58,14 +60,14 @@ async def test_text_and_token_prompts_stream_the_greedy_deltas() -> None:
 
 async def test_without_max_tokens_the_budget_is_the_rest_of_the_context(fake: Installed) -> None:
     async with serving(trtllm(max_seq_len=40)) as running:
-        responses = await collect(running, request(PROMPT, stopping=STOP(ignore_eos=True)))
+        responses = await collect(running.stub, request(PROMPT, stopping=STOP(ignore_eos=True)))
     assert len(token_ids(responses)) == 40 - len(PROMPT)
     assert fake.llm_class is fake_llm.LLM
 
 
 async def test_eos_ends_the_output_as_a_record_without_text() -> None:
     async with serving(trtllm()) as running:
-        responses = await collect(running, request("Hi.", stopping=STOP(max_tokens=8)))
+        responses = await collect(running.stub, request("Hi.", stopping=STOP(max_tokens=8)))
     end = finished(responses)[0]
     assert end.reason == pb.FINISH_REASON_STOP and end.stop_match.eos_token_id == fake_llm.EOS
     assert token_ids(responses) == [fake_llm.EOS] and text(responses) == ""
@@ -77,9 +79,9 @@ async def test_stop_tokens_are_dropped_unless_included() -> None:
     stop = expected[3]
     condition = pb.StopCondition(stop_token_id=stop)
     async with serving(trtllm()) as running:
-        dropped = await collect(running, request(PROMPT, stopping=STOP(max_tokens=6, conditions=[condition])))
+        dropped = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=6, conditions=[condition])))
         kept = await collect(
-            running,
+            running.stub,
             request(PROMPT, stopping=STOP(max_tokens=6, conditions=[condition], include_stop_in_output=True)),
         )
     assert token_ids(dropped) == expected[:3] and text(dropped) == pieces(expected[:3])
@@ -93,9 +95,9 @@ async def test_stop_strings_are_matched_by_the_driver_and_the_engine_stops(fake:
     stop = expected[4:6]
     condition = pb.StopCondition(stop_text=stop)
     async with serving(trtllm()) as running:
-        cut = await collect(running, request(PROMPT, stopping=STOP(max_tokens=12, conditions=[condition])))
+        cut = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=12, conditions=[condition])))
         kept = await collect(
-            running,
+            running.stub,
             request(PROMPT, stopping=STOP(max_tokens=12, conditions=[condition], include_stop_in_output=True)),
         )
     assert text(cut) == expected[: expected.find(stop)] and text(kept) == expected[: expected.find(stop) + 2]
@@ -108,8 +110,8 @@ async def test_stop_strings_are_matched_by_the_driver_and_the_engine_stops(fake:
 async def test_several_seeded_outputs_repeat_and_greedy_ones_are_refused() -> None:
     sampling = pb.SamplingParams(num_sequences=3, temperature=1.0, seed=11)
     async with serving(trtllm()) as running:
-        first = await collect(running, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
-        again = await collect(running, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+        first = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+        again = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
         greedy_n = request(PROMPT, sampling=pb.SamplingParams(num_sequences=2), stopping=STOP(max_tokens=5))
         code = await rejected(running, greedy_n)
     assert sorted(finished(first)) == [0, 1, 2]
@@ -123,12 +125,12 @@ async def test_guidance_is_refused_without_a_grammar_backend_and_enforced_with_o
     async with serving(trtllm()) as plain:
         assert await rejected(plain, request(PROMPT, guided=regex_guide)) == grpc.StatusCode.INVALID_ARGUMENT
     async with serving(trtllm(guided_decoding_backend="xgrammar")) as running:
-        matched = await collect(running, request(PROMPT, guided=regex_guide, stopping=STOP(max_tokens=20)))
-        picked = await collect(running, request(PROMPT, guided=choice, stopping=STOP(max_tokens=20)))
+        matched = await collect(running.stub, request(PROMPT, guided=regex_guide, stopping=STOP(max_tokens=20)))
+        picked = await collect(running.stub, request(PROMPT, guided=choice, stopping=STOP(max_tokens=20)))
         schema = request(
             PROMPT, guided=pb.GuidedDecoding(json_schema='{"type": "object"}'), stopping=STOP(max_tokens=2)
         )
-        await collect(running, schema)
+        await collect(running.stub, schema)
         other = pb.GuidedDecoding(regex="a", backend="llguidance")
         code = await rejected(running, request(PROMPT, guided=other))
     assert regex.fullmatch("(ab|ba){2}c", text(matched)) and text(picked) in ("alpha", "beta")
@@ -147,7 +149,7 @@ async def test_priority_is_offered_only_when_tensorrt_llm_takes_and_orders_by_it
         assert not info.generation.supports_priority  # accepted, but the FCFS queue ignores it
     async with serving(trtllm(scheduler_config={"waiting_queue_policy": "priority"})) as running:
         info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
-        await collect(running, request(PROMPT, priority=-7, stopping=STOP(max_tokens=1)))
+        await collect(running.stub, request(PROMPT, priority=-7, stopping=STOP(max_tokens=1)))
     assert info.generation.supports_priority
     assert newer.engines[-1].submitted[-1].options["priority"] == trt_priority(-7)
 
@@ -160,7 +162,7 @@ async def test_cache_salt_namespaces_the_prefix_cache() -> None:
             message = request(prompt, stopping=STOP(max_tokens=1))
             if salt is not None:
                 message.kv.cache_salt = salt
-            cached.append((await collect(running, message))[-1].usage.cached_prompt_tokens)
+            cached.append((await collect(running.stub, message))[-1].usage.cached_prompt_tokens)
     assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0 and cached[3] == cached[1]
 
 
@@ -168,7 +170,7 @@ async def test_a_data_parallel_rank_pins_an_attention_dp_request(fake: Installed
     async with serving(trtllm(enable_attention_dp=True, tensor_parallel_size=2)) as running:
         message = request(PROMPT, stopping=STOP(max_tokens=1))
         message.kv.data_parallel_rank = 1
-        await collect(running, message)
+        await collect(running.stub, message)
         engine_info = await running.stub.GetEngineInfo(pb.GetEngineInfoRequest())
     assert engine_info.parallelism.data_parallel_size == 2
     assert fake.engines[-1].submitted[-1].options["scheduling_params"] == SchedulingParams(
@@ -189,7 +191,7 @@ async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id
     assert off.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     async with serving(trtllm(enable_lora=True)) as running:
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
-        tuned = await collect(running, request(PROMPT, lora_name="good", stopping=STOP(max_tokens=6)))
+        tuned = await collect(running.stub, request(PROMPT, lora_name="good", stopping=STOP(max_tokens=6)))
         with pytest.raises(grpc.aio.AioRpcError) as broken:
             await running.stub.LoadLora(
                 pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=6, lora_name="bad", source_path=str(bad)))
@@ -233,7 +235,7 @@ async def test_abort_reaches_tensorrt_llm_through_the_request_handle(
 
 async def test_load_comes_from_iteration_statistics_and_an_idle_engine_is_zero() -> None:
     async with serving(trtllm(kv_cache_config={"tokens_per_block": 4})) as running:
-        await collect(running, request(PROMPT, stopping=STOP(max_tokens=3)))
+        await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=3)))
         load = await running.stub.GetLoad(pb.GetLoadRequest())
         info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
     assert info.total_kv_blocks == fake_llm.TOTAL_BLOCKS and info.kv_block_size == 4
@@ -245,7 +247,7 @@ async def test_kv_events_are_published_without_partial_blocks() -> None:
     options = {"kv_cache_config": {"tokens_per_block": 4, "event_buffer_max_size": 32}}
     async with serving(trtllm(**options)) as running:
         subscription = running.stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
-        await collect(running, request(PROMPT, stopping=STOP(max_tokens=6)))  # 8 + 6 tokens: 3 full blocks
+        await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=6)))  # 8 + 6 tokens: 3 full blocks
         batch = (await asyncio.wait_for(subscription.read(), 5)).batch
         subscription.cancel()
     (event,) = batch.events
@@ -260,13 +262,13 @@ async def test_prefill_and_decode_engines_hand_off_through_a_kv_session() -> Non
         serving(trtllm(role="prefill", **transceiver)) as prefill,
         serving(trtllm(role="decode", **transceiver)) as decode,
     ):
-        ready = await collect(prefill, request(PROMPT, stopping=STOP(max_tokens=5)))
+        ready = await collect(prefill.stub, request(PROMPT, stopping=STOP(max_tokens=5)))
         session = ready[-1].prefill_ready.kv_session
         held = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
         resumed = request(PROMPT, stopping=STOP(max_tokens=5), response=pb.ResponseOptions(return_output_logprobs=True))
         resumed.kv.session.CopyFrom(session)
-        decoded = await collect(decode, resumed)
-        other = (await collect(prefill, request(PROMPT, stopping=STOP(max_tokens=5))))[-1].prefill_ready.kv_session
+        decoded = await collect(decode.stub, resumed)
+        other = (await collect(prefill.stub, request(PROMPT, stopping=STOP(max_tokens=5))))[-1].prefill_ready.kv_session
         aborted = await prefill.stub.Abort(pb.AbortRequest(kv_session=other))
         for _ in range(50):
             left = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
@@ -283,7 +285,7 @@ async def test_prefill_and_decode_engines_hand_off_through_a_kv_session() -> Non
 async def test_an_engine_without_a_tokenizer_takes_token_ids_only() -> None:
     async with serving(trtllm(skip_tokenizer_init=True)) as running:
         info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
-        responses = await collect(running, request(PROMPT, stopping=STOP(max_tokens=3)))
+        responses = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=3)))
         code = await rejected(running, request("text"))
     assert not info.supports_text_input and token_ids(responses) == greedy(PROMPT, 3)
     assert code == grpc.StatusCode.INVALID_ARGUMENT

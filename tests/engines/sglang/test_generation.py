@@ -17,7 +17,8 @@ pytest.importorskip("sglang")
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway
 
-from tests.engines.streams import collect, finished, free_port, generate_request, text, tokens
+from tests.engines.streams import free_port, generate_request
+from tests.responses import collect, finished, text, tokens
 
 from .conftest import engine_of, start
 

@@ -12,7 +12,8 @@ from openengine_backends.sglang import SglangBackend, SglangSettings
 from openengine_gateway import pb
 from openengine_gateway.testing import serve_backends
 
-from tests.engines.streams import MODEL, collect, finished, free_port, generate_request, tokens
+from tests.engines.streams import MODEL, free_port, generate_request
+from tests.responses import collect, finished, tokens
 
 from .conftest import engine_of, server_options, start
 

@@ -14,7 +14,8 @@ pytest.importorskip("tensorrt_llm")
 
 from openengine_gateway import pb
 
-from tests.engines.streams import collect, finished, generate_request, text, tokens
+from tests.engines.streams import generate_request
+from tests.responses import collect, finished, text, tokens
 
 from .conftest import TOKENS_PER_BLOCK
 

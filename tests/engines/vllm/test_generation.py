@@ -11,7 +11,8 @@ pytest.importorskip("vllm")
 
 from openengine_gateway import pb
 
-from tests.engines.streams import collect, finished, generate_request, text, tokens
+from tests.engines.streams import generate_request
+from tests.responses import collect, finished, text, tokens
 
 from .reference import TOLERANCE, Reference
 

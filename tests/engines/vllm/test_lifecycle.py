@@ -12,7 +12,8 @@ pytest.importorskip("vllm")
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway
 
-from tests.engines.streams import MODEL, collect, finished, generate_request, tokens
+from tests.engines.streams import MODEL, generate_request
+from tests.responses import collect, finished, tokens
 
 pytestmark = pytest.mark.vllm
 

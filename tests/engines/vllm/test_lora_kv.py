@@ -12,7 +12,8 @@ pytest.importorskip("vllm")
 
 from openengine_gateway import pb
 
-from tests.engines.streams import MODEL, collect, generate_request, tokens
+from tests.engines.streams import MODEL, generate_request
+from tests.responses import collect, tokens
 
 from .reference import TOLERANCE, Reference, write_lora
 

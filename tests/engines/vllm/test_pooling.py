@@ -14,7 +14,7 @@ import torch
 from openengine_gateway import pb
 from openengine_gateway.testing import RunningGateway, serve_backends
 
-from tests.engines.streams import collect
+from tests.responses import collect
 
 from .conftest import engine_options
 from .reference import TOLERANCE, Reference
