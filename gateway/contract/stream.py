@@ -39,19 +39,32 @@ class ContractViolation(Exception):
 
 def token_info(record: TokenRecord) -> pb.TokenInfo:
     """One ``TokenInfo``; absent logprob/rank stay absent."""
-    info = pb.TokenInfo(token_id=record.token_id, token=record.token)
+    info = pb.TokenInfo()
+    _fill(info, record)
+    return info
+
+
+def _fill(info: pb.TokenInfo, record: TokenRecord) -> None:
+    """Set an empty ``info`` from ``record`` in place.
+
+    The per-token path fills each message where it lives (``tokens.add()``): building one and
+    copying it into its parent costs two to three times as much.
+    """
+    info.token_id = record.token_id
+    info.token = record.token
     if record.logprob is not None:
         info.logprob = record.logprob
     if record.rank is not None:
         info.rank = record.rank
     if record.candidates:
-        info.candidates.extend(
-            pb.LogProb(token_id=c.token_id, logprob=c.logprob, token=c.token)
-            if c.rank is None
-            else pb.LogProb(token_id=c.token_id, logprob=c.logprob, token=c.token, rank=c.rank)
-            for c in record.candidates
-        )
-    return info
+        add = info.candidates.add
+        for candidate in record.candidates:
+            entry = add()
+            entry.token_id = candidate.token_id
+            entry.logprob = candidate.logprob
+            entry.token = candidate.token
+            if candidate.rank is not None:
+                entry.rank = candidate.rank
 
 
 def _stop_match(stop: StopMatch) -> pb.StopMatch:
@@ -125,9 +138,14 @@ class GenerateEncoder:
         if not event.tokens and not event.text:
             return None
         self._completion_tokens += len(event.tokens)
-        output = pb.TokenOutput(output_index=event.index, text=event.text)
-        output.tokens.extend(map(token_info, event.tokens))
-        return pb.GenerateResponse(request_id=self.request_id, token=output)
+        response = pb.GenerateResponse(request_id=self.request_id)
+        output = response.token
+        output.output_index = event.index  # sets the oneof: the message is built in place, never copied
+        output.text = event.text
+        add = output.tokens.add
+        for record in event.tokens:
+            _fill(add(), record)
+        return response
 
     def _prompt(self, event: PromptTokens) -> pb.GenerateResponse:
         if not self._prompt_allowed:
@@ -135,9 +153,12 @@ class GenerateEncoder:
         if self._prompt_sent:
             raise ContractViolation("PromptOutput emitted twice")
         self._prompt_sent = True
-        return pb.GenerateResponse(
-            request_id=self.request_id, prompt=pb.PromptOutput(tokens=map(token_info, event.tokens))
-        )
+        response = pb.GenerateResponse(request_id=self.request_id)
+        response.prompt.SetInParent()
+        add = response.prompt.tokens.add
+        for record in event.tokens:
+            _fill(add(), record)
+        return response
 
     def _finish(self, event: OutputFinished, *, usage_required: bool = True) -> pb.GenerateResponse:
         self._check_index(event.index)
