@@ -9,7 +9,7 @@ MYPY := $(BIN)/python scripts/typecheck.py
 # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on a CPU.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
-.PHONY: install serve test lint proto clean
+.PHONY: install serve test lint proto bench clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,11 @@ lint: install
 
 proto: install
 	$(BIN)/python scripts/generate_proto.py
+
+# The overhead benchmarks (benchmarks/README.md): programs that print ratios, one after the other; a few minutes.
+bench: install
+	$(BIN)/python -m benchmarks.gateway_ceiling
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/python -m benchmarks.vllm_overhead
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Overhead benchmarks: programs that print ratios, run one at a time (``make bench``), never under pytest."""
