@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 
 from .. import pb
 
-_LIMIT_FIELDS = (
+MODEL_LIMITS = (
     "max_context_length",
     "max_output_tokens",
     "kv_block_size",
@@ -21,7 +21,7 @@ _LIMIT_FIELDS = (
     "max_running_requests",
     "max_batched_tokens",
 )
-_TASK_LIMITS = (
+TASK_LIMITS = (
     "dimension",
     "max_batch_size",
     "max_output_values_per_item",
@@ -30,7 +30,8 @@ _TASK_LIMITS = (
     "max_output_values_per_candidate",
     "max_label_token_ids",
 )
-_TASK_LISTS = ("input_types", "granularities", "encodings", "semantics", "normalizations", "modalities")
+TASK_LISTS = ("input_types", "granularities", "encodings", "semantics", "normalizations", "modalities")
+"""The ``ModelInfo`` limits, the task capabilities' limits (positive when present) and their enum lists."""
 
 
 class CapabilityError(ValueError):
@@ -39,7 +40,7 @@ class CapabilityError(ValueError):
 
 def check_model_info(info: pb.ModelInfo) -> None:
     """Raise ``CapabilityError`` naming the first field that breaks a discovery rule."""
-    for name in _LIMIT_FIELDS:
+    for name in MODEL_LIMITS:
         _positive(info, name, "ModelInfo")
     generation = info.generation
     for side in ("prompt_logprobs", "output_logprobs"):
@@ -50,10 +51,10 @@ def check_model_info(info: pb.ModelInfo) -> None:
     _positive(generation, "max_num_sequences", "generation")
     for task in ("embed", "classify", "score"):
         caps = getattr(info.tasks, task)
-        for name in _TASK_LISTS:
+        for name in TASK_LISTS:
             if hasattr(caps, name):
                 _no_unspecified(getattr(caps, name), f"tasks.{task}.{name}")
-        for name in _TASK_LIMITS:
+        for name in TASK_LIMITS:
             if _has_field(caps, name):
                 _positive(caps, name, f"tasks.{task}")
         if caps.modalities and pb.TASK_INPUT_TYPE_MULTIMODAL not in caps.input_types:
@@ -74,4 +75,4 @@ def _no_unspecified(values: object, where: str) -> None:
         raise CapabilityError(f"{where} must not contain UNSPECIFIED")
 
 
-__all__ = ["CapabilityError", "check_model_info"]
+__all__ = ["MODEL_LIMITS", "TASK_LIMITS", "TASK_LISTS", "CapabilityError", "check_model_info"]

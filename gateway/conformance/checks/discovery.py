@@ -8,30 +8,12 @@ import grpc
 from google.protobuf.message import Message
 
 from ... import pb
+from ...contract.capabilities import MODEL_LIMITS, TASK_LIMITS, TASK_LISTS
 from ..kit import CheckFailed, Target, rule
 
 SECTION = "Core identity and roles"
 MODELS = "Model and capacity metadata"
 TASKS = "Task capability discovery"
-
-_MODEL_LIMITS = (
-    "max_context_length",
-    "max_output_tokens",
-    "kv_block_size",
-    "total_kv_blocks",
-    "max_running_requests",
-    "max_batched_tokens",
-)
-_TASK_LIMITS = (
-    "dimension",
-    "max_batch_size",
-    "max_output_values_per_item",
-    "max_groups",
-    "max_candidates_per_group",
-    "max_output_values_per_candidate",
-    "max_label_token_ids",
-)
-_TASK_LISTS = ("input_types", "granularities", "encodings", "semantics", "normalizations", "modalities")
 
 
 @rule(
@@ -107,7 +89,7 @@ async def no_unspecified(target: Target) -> None:
         "generation.guided_decoding.modes": generation.guided_decoding.modes,
     }
     for task, caps in _task_capabilities(info):
-        for name in _TASK_LISTS:
+        for name in TASK_LISTS:
             if name in caps.DESCRIPTOR.fields_by_name:
                 lists[f"tasks.{task}.{name}"] = getattr(caps, name)
     for where, values in lists.items():
@@ -122,14 +104,14 @@ async def no_unspecified(target: Target) -> None:
 )
 async def limits_positive(target: Target) -> None:
     info, generation = target.model_info, target.model_info.generation
-    reported: list[tuple[str, Message, str]] = [(f"ModelInfo.{n}", info, n) for n in _MODEL_LIMITS]
+    reported: list[tuple[str, Message, str]] = [(f"ModelInfo.{n}", info, n) for n in MODEL_LIMITS]
     reported += [
         ("generation.max_num_sequences", generation, "max_num_sequences"),
         ("generation.prompt_logprobs.max_top_n", generation.prompt_logprobs, "max_top_n"),
         ("generation.output_logprobs.max_top_n", generation.output_logprobs, "max_top_n"),
     ]
     for task, caps in _task_capabilities(info):
-        reported += [(f"tasks.{task}.{n}", caps, n) for n in _TASK_LIMITS if n in caps.DESCRIPTOR.fields_by_name]
+        reported += [(f"tasks.{task}.{n}", caps, n) for n in TASK_LIMITS if n in caps.DESCRIPTOR.fields_by_name]
     for where, message, name in reported:
         if message.HasField(name) and getattr(message, name) <= 0:
             raise CheckFailed(f"{where} is reported as {getattr(message, name)}; limits must be > 0")
