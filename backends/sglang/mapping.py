@@ -48,19 +48,10 @@ _GUIDE_FIELDS = {
     pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG: "structural_tag",
 }
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+"""What SGLang's OpenAI server compiles for ``response_format: json_object``."""
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 """SGLang's ``disaggregation.utils.FAKE_BOOTSTRAP_HOST``: a decode that needs no prefill (its health check)."""
-"""What SGLang's OpenAI server compiles for ``response_format: json_object``."""
 _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|/-")
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
 _MEDIA_FIELDS = {pb.MODALITY_IMAGE: "image_data", pb.MODALITY_VIDEO: "video_data", pb.MODALITY_AUDIO: "audio_data"}
 _ALL = pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL
 _IDS = pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS
@@ -172,13 +163,7 @@ def signed_seed(seed: int) -> int:
 
 def _sampling(request: GenerationRequest, limits: EngineLimits) -> dict[str, Any]:
     given = request.sampling
-    values: dict[str, Any] = {}
-    for name in _SAMPLING_FIELDS:
-        value = getattr(given, name)
-        if value is None:
-            value = limits.sampling_defaults.get(name)
-        if value is not None:
-            values[name] = value
+    values = given.values(limits.sampling_defaults)
     if values.get("top_k") == 0:
         values["top_k"] = _TOP_K_OFF
     penalty = values.get("repetition_penalty")

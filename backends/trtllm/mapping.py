@@ -35,16 +35,6 @@ from openengine_gateway.spi import (
 
 from .capabilities import EngineFeatures
 
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "seed",
-)
 _GUIDE_FIELDS = {
     pb.GUIDED_DECODING_MODE_JSON_SCHEMA: "json",
     pb.GUIDED_DECODING_MODE_REGEX: "regex",
@@ -94,8 +84,9 @@ def plan_generation(request: GenerationRequest, features: EngineFeatures, *, pro
 
 def _sampling(request: GenerationRequest, features: EngineFeatures) -> dict[str, Any]:
     given = request.sampling
-    values: dict[str, Any] = {name: getattr(given, name) for name in _SAMPLING_FIELDS}
-    values = {name: value for name, value in values.items() if value is not None}
+    values = given.values()
+    if given.seed is not None:
+        values["seed"] = given.seed
     if given.num_sequences != 1:
         # Both as constructor arguments: SamplingParams validates n and best_of only there.
         values["n"] = values["best_of"] = given.num_sequences

@@ -15,7 +15,7 @@ from typing import Any
 
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import CandidateSelection, GenerationRequest, Guidance, KvSession, LogprobRequest
+from openengine_gateway.spi import CandidateSelection, GenerationRequest, Guidance, KvSession, LogprobRequest, Sampling
 
 MAX_LOGPROB_TOKEN_IDS = 128
 """vLLM's cap on ``SamplingParams.logprob_token_ids`` (``vllm.sampling_params``)."""
@@ -26,16 +26,6 @@ _GUIDE_FIELDS = {
     pb.GUIDED_DECODING_MODE_EBNF_GRAMMAR: "grammar",
     pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG: "structural_tag",
 }
-
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +98,7 @@ def plan_generation(request: GenerationRequest, limits: EngineLimits, *, prompt_
 
 def _sampling(request: GenerationRequest, limits: EngineLimits) -> dict[str, Any]:
     given = request.sampling
-    values: dict[str, Any] = {}
-    for name in _SAMPLING_FIELDS:
-        value = getattr(given, name)
-        if value is None:
-            value = limits.sampling_defaults.get(name)
-        if value is not None:
-            values[name] = value
+    values = given.values(limits.sampling_defaults)
     if given.seed is not None:
         values["seed"] = given.seed
     if given.num_sequences != 1:
@@ -289,7 +273,7 @@ def eos_token_ids(eos: int | None, generation_config: Mapping[str, Any]) -> tupl
 
 def sampling_defaults(diff_sampling_params: Mapping[str, Any]) -> dict[str, Any]:
     """The generation-config defaults that apply when a request leaves a sampling knob unset."""
-    return {name: diff_sampling_params[name] for name in _SAMPLING_FIELDS if name in diff_sampling_params}
+    return {name: diff_sampling_params[name] for name in Sampling.KNOBS if name in diff_sampling_params}
 
 
 __all__ = [

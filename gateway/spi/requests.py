@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import pb
 from ..errors import InvalidArgument
@@ -51,6 +51,33 @@ class Sampling:
     repetition_penalty: float | None = None
     seed: int | None = None
     num_sequences: int = 1
+
+    KNOBS: ClassVar[tuple[str, ...]] = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+    )
+    """The knobs the in-tree engines take under these very names (seed and count differ per engine)."""
+
+    def values(self, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The knobs the caller set, each unset one from ``defaults`` (a model's generation config) when there.
+
+        Engines' own servers apply the model's defaults the same way; an engine called in process
+        does not, so a driver passes them here.
+        """
+        defaults = defaults or {}
+        values: dict[str, Any] = {}
+        for name in self.KNOBS:
+            value = getattr(self, name)
+            if value is None:
+                value = defaults.get(name)
+            if value is not None:
+                values[name] = value
+        return values
 
 
 @dataclass(frozen=True, slots=True)
