@@ -1,6 +1,6 @@
 """The gateway's own cost: the gateway on a zero-cost engine against a bare grpc.aio server, in one run.
 
-    python -m benchmarks.gateway_ceiling [--rounds 5]
+    python -m benchmarks.gateway_ceiling [--rounds 5] [--quick]
 
 Four processes: the gateway (``openengine-gateway --backend mock`` at zero step time); the ceiling
 (``benchmarks.bare_server``: Generate alone, streaming pre-built messages); the gateway over a null
@@ -44,11 +44,27 @@ from .workload import Generate, RunResult, StreamCall, generate_method, percenti
 
 MAX_TOKENS = 128
 PROMPT = "the quick brown fox"
-LOAD_CONCURRENCY = 256
-LOAD_REQUESTS = 1024
-SINGLE_REQUESTS = 64
-MANY_STREAMS = 1000
-OPEN_STREAMS = 1000
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each measurement runs."""
+
+    concurrency: int = 256
+    """Streams at once in the throughput runs."""
+    requests: int = 1024
+    """Streams per throughput run."""
+    single: int = 64
+    """Streams per concurrency-1 run (TTFT)."""
+    burst: int = 1000
+    """Streams started at once in the burst."""
+    open_streams: int = 1000
+    """Paused streams held open for the memory figure."""
+
+
+FULL = Sizes()
+QUICK = Sizes(concurrency=16, requests=64, single=8, burst=100, open_streams=100)
+"""``--quick``: every measurement, small enough for a smoke test (the figures mean little)."""
 
 THROUGHPUT_TARGET = 0.9
 CPU_TARGET_US = 30.0
@@ -210,10 +226,10 @@ def _ttft_lines(concurrency: int, gateway: Sequence[float], bare: Sequence[float
         )
 
 
-def _many_line(name: str, result: RunResult) -> None:
-    ok = result.completed == MANY_STREAMS and not result.errors
-    figure = f"{result.completed}/{MANY_STREAMS} complete, {len(result.errors)} errors, {result.wall_s:.2f} s"
-    report.line(f"{MANY_STREAMS} concurrent streams: {name}", figure, report.target(ok, "all complete, no errors"))
+def _many_line(name: str, result: RunResult, streams: int) -> None:
+    ok = result.completed == streams and not result.errors
+    figure = f"{result.completed}/{streams} complete, {len(result.errors)} errors, {result.wall_s:.2f} s"
+    report.line(f"{streams} concurrent streams: {name}", figure, report.target(ok, "all complete, no errors"))
     for error in sorted(set(result.errors))[:3]:
         report.line("", f"error: {error[:200]}")
 
@@ -221,7 +237,8 @@ def _many_line(name: str, result: RunResult) -> None:
 class Rounds:
     """Alternating runs; each bare run sends the messages of the latest run of the gateway it is the ceiling for."""
 
-    def __init__(self, gateway: Server, null: Server, bare: Server) -> None:
+    def __init__(self, gateway: Server, null: Server, bare: Server, sizes: Sizes) -> None:
+        self.sizes = sizes
         self._servers = {"gateway": gateway, "null": null, "bare": bare}
         self._channels = [grpc.aio.insecure_channel(server.address) for server in self._servers.values()]
         self.methods = {
@@ -246,15 +263,15 @@ class Rounds:
 
     async def run_rounds(self, rounds: int) -> None:
         """Warm up, then ``rounds`` rounds, each in the reverse order of the one before."""
-        names = list(self.load)
+        names, sizes = list(self.load), self.sizes
         for name in names:  # warm-up; a gateway's first runs give the bare server its first shapes
-            await self.one(name, 1, SINGLE_REQUESTS)
-            await self.one(name, LOAD_CONCURRENCY, LOAD_CONCURRENCY)
+            await self.one(name, 1, sizes.single)
+            await self.one(name, sizes.concurrency, sizes.concurrency)
         for number in range(rounds):
             for name in names if number % 2 == 0 else reversed(names):
                 if name in self.single:
-                    self.single[name] += (await self.one(name, 1, SINGLE_REQUESTS)).result.ttft_s
-                self.load[name].append(await self.one(name, LOAD_CONCURRENCY, LOAD_REQUESTS))
+                    self.single[name] += (await self.one(name, 1, sizes.single)).result.ttft_s
+                self.load[name].append(await self.one(name, sizes.concurrency, sizes.requests))
 
     async def close(self) -> None:
         """Close the channels."""
@@ -263,8 +280,8 @@ class Rounds:
 
 
 def _throughput_report(rounds: Rounds) -> None:
-    count = len(rounds.load["gateway"])
-    report.section(f"throughput: {count} alternating rounds, {LOAD_CONCURRENCY} streams x {MAX_TOKENS} tokens")
+    count, concurrency = len(rounds.load["gateway"]), rounds.sizes.concurrency
+    report.section(f"throughput: {count} alternating rounds, {concurrency} streams x {MAX_TOKENS} tokens")
     for name, runs in rounds.load.items():
         report.line(
             name,
@@ -313,7 +330,7 @@ def _ttft_report(rounds: Rounds, gateway_own: tuple[float, float]) -> None:
     report.section("time to first token (client-side, all rounds pooled)")
     _ttft_lines(1, rounds.single["gateway"], rounds.single["bare"])
     _ttft_lines(
-        LOAD_CONCURRENCY,
+        rounds.sizes.concurrency,
         [t for m in rounds.load["gateway"] for t in m.result.ttft_s],
         [t for m in rounds.load["bare"] for t in m.result.ttft_s],
     )
@@ -323,30 +340,30 @@ def _ttft_report(rounds: Rounds, gateway_own: tuple[float, float]) -> None:
     )
 
 
-async def compare(rounds: int, gateway: Server, null: Server, bare: Server) -> None:
-    """The alternating rounds, the burst of ``MANY_STREAMS``, and their report."""
+async def compare(rounds: int, sizes: Sizes, gateway: Server, null: Server, bare: Server) -> None:
+    """The alternating rounds, the burst of ``sizes.burst`` streams, and their report."""
     metrics_port = int(re.findall(r"metrics on port (\d+)", gateway.log.read_text())[0])
-    measured = Rounds(gateway, null, bare)
+    measured = Rounds(gateway, null, bare, sizes)
     try:
         await measured.run_rounds(rounds)
         before = server_ttft(metrics_port)
-        await measured.one("gateway", LOAD_CONCURRENCY, LOAD_REQUESTS)
+        await measured.one("gateway", sizes.concurrency, sizes.requests)
         after = server_ttft(metrics_port)
         _throughput_report(measured)
         _cpu_report(measured)
         _ttft_report(measured, (after[0] - before[0], after[1] - before[1]))
-        report.section(f"{MANY_STREAMS} concurrent streams (one burst, {MAX_TOKENS} tokens each)")
+        report.section(f"{sizes.burst} concurrent streams (one burst, {MAX_TOKENS} tokens each)")
         for name in ("gateway", "bare"):
-            chunks = None if name == "gateway" else measured.shape["gateway", LOAD_CONCURRENCY]
+            chunks = None if name == "gateway" else measured.shape["gateway", sizes.concurrency]
             call = generate_call(measured.methods[name], chunks)
-            _many_line(name, await run(call, concurrency=MANY_STREAMS, requests=MANY_STREAMS))
+            _many_line(name, await run(call, concurrency=sizes.burst, requests=sizes.burst), sizes.burst)
     finally:
         await measured.close()
 
 
-async def memory(directory: Path, messages: Path) -> None:
+async def memory(directory: Path, messages: Path, streams: int) -> None:
     """RSS per open, paused stream: the gateway before its engine's first step ends, the bare server holding."""
-    report.section(f"memory per open, paused stream ({OPEN_STREAMS} streams held open)")
+    report.section(f"memory per open, paused stream ({streams} streams held open)")
     figures: dict[str, float] = {}
     starts: dict[str, Callable[[], Server]] = {
         # The first prefill step takes hours: every stream is accepted and open, none has a token yet.
@@ -357,14 +374,14 @@ async def memory(directory: Path, messages: Path) -> None:
         server = start()
         try:
             async with grpc.aio.insecure_channel(server.address) as channel:
-                figures[name] = await open_stream_bytes(server, generate_method(channel), OPEN_STREAMS)
+                figures[name] = await open_stream_bytes(server, generate_method(channel), streams)
         finally:
             server.stop()
         report.line(name, f"{figures[name] / 1024:.1f} KiB/stream")
     report.line("gateway's extra over bare", f"{(figures['gateway'] - figures['bare']) / 1024:.1f} KiB/stream")
 
 
-async def main(rounds: int) -> None:
+async def main(rounds: int, sizes: Sizes = FULL) -> None:
     """Start the servers, measure, print."""
     report.header("gateway ceiling: mock engine at zero step time vs a bare grpc.aio server")
     with tempfile.TemporaryDirectory(prefix="gateway-ceiling-") as temporary:
@@ -372,10 +389,10 @@ async def main(rounds: int) -> None:
         messages = directory / "stream.bin"
         recorded = await record(directory)
         write_messages(messages, recorded)
-        sizes = [message.ByteSize() for message in recorded]
+        byte_sizes = [message.ByteSize() for message in recorded]
         report.line(
             "recorded gateway stream",
-            f"{len(recorded)} messages, {sum(sizes)} bytes, {statistics.median(sizes):.0f} bytes median",
+            f"{len(recorded)} messages, {sum(byte_sizes)} bytes, {statistics.median(byte_sizes):.0f} bytes median",
         )
         servers: list[Server] = []
         try:
@@ -386,18 +403,20 @@ async def main(rounds: int) -> None:
             ]
             for start in starts:
                 servers.append(start())
-            await compare(rounds, *servers)
+            await compare(rounds, sizes, *servers)
         finally:
             for server in servers:
                 server.stop()
-        await memory(directory, messages)
+        await memory(directory, messages, sizes.open_streams)
 
 
 def cli() -> None:
     """Entry point: ``python -m benchmarks.gateway_ceiling``."""
     parser = argparse.ArgumentParser(description="The gateway on a zero-cost engine against a bare gRPC server.")
     parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds (default 5)")
-    uvloop.run(main(parser.parse_args().rounds))
+    parser.add_argument("--quick", action="store_true", help="small runs: checks the program, not the gateway")
+    args = parser.parse_args()
+    uvloop.run(main(args.rounds, QUICK if args.quick else FULL))
 
 
 if __name__ == "__main__":

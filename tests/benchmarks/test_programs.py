@@ -1,0 +1,53 @@
+"""The overhead benchmarks run end to end: every server starts, every measurement completes without errors.
+
+Smoke tests of the programs ``make bench`` runs, at their smallest sizes; they check that the programs
+work, never the figures (timing belongs in the benchmarks, not in the suite).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.processes import ROOT
+
+
+def _run(module: str, *args: str, timeout_s: float) -> str:
+    """``python -m module args`` from the repository root; its output, which it must exit 0 with."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    assert done.returncode == 0, f"{module} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def _errors(report: str) -> list[int]:
+    """The error counts of every throughput line (``..., N errors``)."""
+    return [int(count) for count in re.findall(r"(\d+) errors", report)]
+
+
+def test_gateway_ceiling_runs_every_measurement() -> None:
+    report = _run("benchmarks.gateway_ceiling", "--rounds", "1", "--quick", timeout_s=200)
+    for section in ("throughput", "server CPU per message", "time to first token", "concurrent streams", "memory"):
+        assert f"-- {section}" in report or re.search(rf"-- \d+ {section}", report), section
+    assert _errors(report) and not any(_errors(report)), report
+    assert len(re.findall(r"complete, 0 errors.*PASS", report)) == 2, report  # the burst, on both servers
+    assert re.search(r"gateway's extra over bare\s+-?\d+\.\d KiB/stream", report), report
+
+
+@pytest.mark.vllm
+def test_vllm_overhead_runs_every_measurement() -> None:
+    pytest.importorskip("vllm")
+    report = _run("benchmarks.vllm_overhead", "--rounds", "1", timeout_s=280)
+    for target in ("gateway", "vllm server", "AsyncLLM in process"):
+        assert re.search(rf"{target}\s+[\d,.]+ tokens/s, 0 errors", report), (target, report)
+    assert len(re.findall(r"TTFT p\d+ at concurrency", report)) == 4, report
