@@ -12,6 +12,7 @@ recorded as an OpenEngine ``KvEvent`` in order, for the engine to publish per st
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,9 +40,9 @@ def _digest(data: bytes) -> int:
 
 
 def block_hash(parent: int, tokens: Sequence[int]) -> int:
-    """The chained, signed 64-bit hash of one full block."""
-    payload = parent.to_bytes(8, "big", signed=True) + b"".join(t.to_bytes(4, "big") for t in tokens)
-    return _digest(payload)
+    """The chained, signed 64-bit hash of one full block: of the parent as a big-endian int64
+    followed by each token as a big-endian uint32."""
+    return _digest(struct.pack(f">q{len(tokens)}I", parent, *tokens))
 
 
 def hash_proto(value: int) -> pb.KvBlockHash:
@@ -70,9 +71,12 @@ class BlockTable:
 class BlockManager:
     """Blocks of one engine rank."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, record_events: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self._record = record_events
+        """Whether stores, removals and clears become ``KvEvent``s: off when the engine publishes
+        none, as building them costs more than caching the block."""
         self._empty: deque[Block] = deque(Block(i) for i in range(num_blocks))
         self._evictable: OrderedDict[int, Block] = OrderedDict()
         self._cached: dict[int, Block] = {}
@@ -133,9 +137,9 @@ class BlockManager:
 
     def grow(self, table: BlockTable, tokens: int) -> bool:
         """Add blocks until ``table`` holds ``tokens``; False (and nothing added) when short."""
-        needed = self.blocks_for(tokens) - len(table.blocks)
-        if needed <= 0:
+        if tokens <= len(table.blocks) * self.block_size:  # the common case, checked on every token
             return True
+        needed = self.blocks_for(tokens) - len(table.blocks)
         if needed > self.free:
             return False
         for _ in range(needed):
@@ -163,7 +167,8 @@ class BlockManager:
     def commit(self, table: BlockTable, tokens: Sequence[int], computed: int, key: CacheKey, request_id: str) -> None:
         """Cache every block of ``table`` that ``computed`` tokens have just filled."""
         size = self.block_size
-        while len(table.hashes) < min(computed // size, len(table.blocks)):
+        filled = min(computed // size, len(table.blocks))
+        while len(table.hashes) < filled:
             index = len(table.hashes)
             parent = table.hashes[-1] if table.hashes else key.root
             block_tokens = tokens[index * size : (index + 1) * size]
@@ -191,7 +196,8 @@ class BlockManager:
         self._cached.clear()
         self._evictable.clear()
         self._empty = deque(Block(i) for i in range(self.num_blocks))
-        self._events.append(pb.KvEvent(all_blocks_cleared=pb.AllBlocksCleared()))
+        if self._record:
+            self._events.append(pb.KvEvent(all_blocks_cleared=pb.AllBlocksCleared()))
 
     def take_events(self) -> list[pb.KvEvent]:
         """The events recorded since the last call, in order."""
@@ -208,6 +214,8 @@ class BlockManager:
         assert value is not None
         del self._cached[value]
         block.block_hash = None
+        if not self._record:
+            return
         last = self._events[-1] if self._events else None
         if last is not None and last.WhichOneof("event") == "block_removed":
             last.block_removed.block_hashes.append(hash_proto(value))
@@ -217,6 +225,8 @@ class BlockManager:
 
     def _stored(self, value: int, parent: int | None, tokens: Sequence[int], key: CacheKey, request_id: str) -> None:
         """Record a stored block, extending the previous event when it continues that chain."""
+        if not self._record:
+            return
         last = self._events[-1] if self._events else None
         if (
             parent is not None

@@ -29,6 +29,7 @@ CONTEXT_WINDOW = 4
 FREE_ROWS = 1024
 CONTINUATION_ROWS = 256
 _MASK64 = (1 << 64) - 1
+_FNV_PRIME = 0x100000001B3
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class ModelTables:
     """1-based rank of each token id in its row."""
     cdf: np.ndarray
     """Cumulative probability along ``order``."""
+    best: tuple[int, ...]
+    """Each row's most likely token id (``order[:, 0]``), for greedy decoding without numpy."""
 
 
 def _free_base() -> np.ndarray:
@@ -93,11 +96,16 @@ def build_tables(seed: int) -> ModelTables:
     cdf = np.cumsum(np.exp(np.take_along_axis(logprobs, order, axis=1)), axis=1)
     for array in (logits, logprobs, order, ranks, cdf):
         array.setflags(write=False)
-    return ModelTables(logits, logprobs, order, ranks, cdf)
+    return ModelTables(logits, logprobs, order, ranks, cdf, tuple(order[:, 0].tolist()))
 
 
 def _needs_continuation(tokens: Sequence[int]) -> bool:
     """Whether the trailing bytes are an unfinished UTF-8 character."""
+    if not tokens:
+        return False
+    last = tokens[-1]
+    if not 0x80 <= last <= 0xBF:  # the common case: only a lead byte can end unfinished
+        return 0xC2 <= last <= 0xF4
     trailing = 0
     position = len(tokens) - 1
     while position >= 0 and trailing < 4 and 0x80 <= tokens[position] <= 0xBF:
@@ -117,6 +125,12 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
+@functools.lru_cache(maxsize=256)
+def _root_key(seed: int, lora_id: int) -> int:
+    """The hash every context of a (seed, adapter) starts from (cached: it is on every token's path)."""
+    return _mix((seed * 0x9E3779B97F4A7C15 + lora_id) & _MASK64)
+
+
 class PseudoModel:
     """Next-token distributions by context; ``lora_id`` 0 is the base model."""
 
@@ -128,10 +142,12 @@ class PseudoModel:
 
     def row(self, context: Sequence[int], lora_id: int = 0) -> int:
         """The row holding the distribution of the token that follows ``context``."""
-        key = _mix((self.seed * 0x9E3779B97F4A7C15 + lora_id) & _MASK64)
+        # FNV-1a over the window, masked once: the low 64 bits of a xor or a product depend only
+        # on the low 64 bits of the operands, so this is what masking every step gives.
+        key = _root_key(self.seed, lora_id)
         for token in context[-CONTEXT_WINDOW:]:
-            key = ((key ^ token) * 0x100000001B3) & _MASK64
-        key = _mix(key)
+            key = (key ^ token) * _FNV_PRIME
+        key = _mix(key & _MASK64)
         if _needs_continuation(context):
             return FREE_ROWS + key % CONTINUATION_ROWS
         return key % FREE_ROWS

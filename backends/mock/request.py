@@ -103,6 +103,11 @@ class MockRequest:
     cached_tokens: int = 0
     transfer: asyncio.Task[Transferred] | None = None
     transferred: Transferred | None = None
+    live: list[Output] = field(init=False)
+    """Outputs still generating, in index order (kept up to date: it is read every step)."""
+
+    def __post_init__(self) -> None:
+        self.live = list(self.outputs)
 
     @property
     def request_id(self) -> str:
@@ -113,11 +118,6 @@ class MockRequest:
     def ready(self) -> bool:
         """Whether it can be admitted (a decode request's KV has arrived)."""
         return self.transfer is None or self.transferred is not None
-
-    @property
-    def live(self) -> list[Output]:
-        """Outputs still generating."""
-        return [o for o in self.outputs if not o.finished]
 
     def usage(self) -> UsageReport:
         """Cumulative counts across outputs."""
@@ -190,6 +190,7 @@ class MockRequest:
         if reason is None:
             return
         output.finished = True
+        self.live.remove(output)
         if not self.live:
             self.stream.put(self.usage())
         self.stream.put(OutputFinished(output.index, reason, stop))

@@ -4,13 +4,15 @@ Order of operations follows vLLM: penalties on the raw logits (repetition over p
 output, frequency and presence over the output), then the guided-decoding mask and the
 ``min_tokens`` ban, then temperature (0 = greedy), min_p, top_k (0 = no limit), top_p, and
 one draw. Each token consumes exactly one uniform draw from the output's own generator, so a
-request ``seed`` reproduces its outputs exactly. The common cases (greedy, plain sampling at
-temperature 1) read the precomputed row tables and cost O(1) / O(log V).
+request ``seed`` reproduces its outputs exactly; greedy tokens draw nothing. The common cases
+(greedy, plain sampling at temperature 1) read the precomputed row tables and cost O(1) /
+O(log V).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 from openengine_gateway.spi import Sampling
@@ -19,14 +21,43 @@ from .model import PseudoModel
 from .tokenizer import VOCAB_SIZE
 
 
+class Uniform(Protocol):
+    """A source of uniform draws in [0, 1): a numpy ``Generator`` or an ``OutputRng``."""
+
+    def random(self) -> float:
+        """The next draw."""
+        ...
+
+
+class OutputRng:
+    """An output's generator, seeded at once but built on its first draw.
+
+    Building a numpy ``Generator`` costs several microseconds, and greedy outputs never draw.
+    """
+
+    __slots__ = ("_entropy", "_generator")
+
+    def __init__(self, entropy: int | list[int]) -> None:
+        self._entropy = entropy
+        self._generator: np.random.Generator | None = None
+
+    def random(self) -> float:
+        """The next draw of ``np.random.default_rng(entropy)``."""
+        if self._generator is None:
+            self._generator = np.random.default_rng(self._entropy)
+        return self._generator.random()
+
+
 class Sampler:
     """One output's sampling state: its generator and the counts its penalties need."""
 
     __slots__ = (
         "_counts",
         "_frequency",
+        "_greedy",
         "_min_p",
         "_model",
+        "_plain",
         "_presence",
         "_repetition",
         "_rng",
@@ -36,7 +67,7 @@ class Sampler:
         "_top_p",
     )
 
-    def __init__(self, model: PseudoModel, sampling: Sampling, rng: np.random.Generator, prompt: Sequence[int]) -> None:
+    def __init__(self, model: PseudoModel, sampling: Sampling, rng: Uniform, prompt: Sequence[int]) -> None:
         self._model = model
         self._rng = rng
         self._temperature = 1.0 if sampling.temperature is None else sampling.temperature
@@ -51,6 +82,13 @@ class Sampler:
         if self._repetition != 1.0:
             self._seen = np.zeros(VOCAB_SIZE, dtype=bool)
             self._seen[list(prompt)] = True
+        unpenalized = self._counts is None and self._seen is None
+        self._greedy = unpenalized and self._temperature == 0.0
+        """Unconstrained tokens are the row's best."""
+        self._plain = (
+            unpenalized and self._temperature == 1.0 and self._top_k == 0 and self._top_p >= 1.0 and self._min_p == 0.0
+        )
+        """Unconstrained tokens are drawn from the row's precomputed distribution."""
 
     def observe(self, token_id: int) -> None:
         """Record a generated token for the penalties."""
@@ -59,10 +97,6 @@ class Sampler:
         if self._seen is not None:
             self._seen[token_id] = True
 
-    @property
-    def _penalized(self) -> bool:
-        return self._counts is not None or self._seen is not None
-
     def sample(self, row: int, banned: Sequence[int] = (), allowed: np.ndarray | None = None) -> int:
         """Draw the next token from ``row``; ``banned`` ids and ids outside ``allowed`` are excluded.
 
@@ -70,10 +104,10 @@ class Sampler:
         ``min_tokens``), the guidance wins and the ban is dropped.
         """
         tables = self._model.tables
-        if not banned and allowed is None and not self._penalized:
-            if self._temperature == 0.0:
-                return int(tables.order[row, 0])
-            if self._temperature == 1.0 and self._top_k == 0 and self._top_p >= 1.0 and self._min_p == 0.0:
+        if not banned and allowed is None:
+            if self._greedy:
+                return tables.best[row]
+            if self._plain:
                 index = int(np.searchsorted(tables.cdf[row], self._rng.random(), side="right"))
                 return int(tables.order[row, min(index, VOCAB_SIZE - 1)])
         return self._sample_adjusted(tables.logits[row], banned, allowed)
@@ -110,11 +144,14 @@ class Sampler:
         return int(order[min(index, VOCAB_SIZE - 1)])
 
 
-def output_rng(seed: int | None, index: int, fallback: np.random.Generator) -> np.random.Generator:
-    """Output ``index``'s generator: derived from the request seed, else from the engine's."""
+def output_rng(seed: int | None, index: int, fallback: np.random.Generator) -> OutputRng:
+    """Output ``index``'s generator: derived from the request seed, else from the engine's.
+
+    The fallback is drawn from now, so unseeded outputs take its values in arrival order.
+    """
     if seed is None:
-        return np.random.default_rng(int(fallback.integers(1 << 63)))
-    return np.random.default_rng([seed, index])
+        return OutputRng(int(fallback.integers(1 << 63)))
+    return OutputRng([seed, index])
 
 
-__all__ = ["Sampler", "output_rng"]
+__all__ = ["OutputRng", "Sampler", "Uniform", "output_rng"]

@@ -62,7 +62,9 @@ class EngineCore:
         self._kv_events = kv_events
         self._runtime_events = runtime_events
         self._sessions = sessions
-        self.kv = BlockManager(settings.total_kv_blocks, settings.kv_block_size)
+        self.kv = BlockManager(
+            settings.total_kv_blocks, settings.kv_block_size, record_events=settings.enable_kv_events
+        )
         self.waiting: list[MockRequest] = []
         self.running: list[MockRequest] = []
         self._requests: dict[str, MockRequest] = {}
@@ -190,29 +192,35 @@ class EngineCore:
         work = self._schedule()
         if not work:
             return False
-        decode = sum(chunk for request, _, chunk in work if request.prompt_done and chunk == 1)
-        prefill = sum(chunk for _, _, chunk in work) - decode
+        decode = prefill = 0
+        for request, _, chunk in work:
+            if chunk == 1 and request.prompt_done:
+                decode += 1
+            else:
+                prefill += chunk
         settings = self._settings
         duration = prefill * settings.prefill_time_per_token_s + (settings.decode_time_per_step_s if decode else 0.0)
         await asyncio.sleep(duration)
         self._steps += 1
         self._execute(work)
         self._flush_kv_events()
-        self._runtime(
-            pb.RUNTIME_EVENT_TYPE_FORWARD_PASS,
-            step=self._steps,
-            prefill_tokens=prefill,
-            decode_tokens=decode,
-            requests=len({id(request) for request, _, _ in work}),
-            duration_s=duration,
-        )
+        if self._runtime_events.accepting:  # counting the step's requests is not free
+            self._runtime(
+                pb.RUNTIME_EVENT_TYPE_FORWARD_PASS,
+                step=self._steps,
+                prefill_tokens=prefill,
+                decode_tokens=decode,
+                requests=len({id(request) for request, _, _ in work}),
+                duration_s=duration,
+            )
         return True
 
     def _schedule(self) -> _Work:
         budget = self._settings.max_batched_tokens
         work: _Work = []
+        running = Phase.RUNNING  # a local: an enum member lookup costs ~70 ns on Python 3.11
         for request in list(self.running):
-            if request.phase is Phase.RUNNING:
+            if request.phase is running:  # not preempted by an earlier request's growth
                 budget = self._plan(request, budget, work)
         admitted = False
         for request in list(self.waiting):
@@ -229,26 +237,24 @@ class EngineCore:
         return work
 
     def _plan(self, request: MockRequest, budget: int, work: _Work) -> int:
-        """Schedule ``request``'s next chunks within ``budget``; returns what is left."""
-        outputs = request.outputs[:1] if not request.prompt_done else request.live
+        """Schedule ``request``'s next chunks within ``budget``; returns what is left.
+
+        A chunk that needs a KV block and finds none preempts the lowest-priority, latest
+        running request, until the block is found or ``request`` itself was preempted.
+        """
+        outputs = request.live if request.prompt_done else request.outputs[:1]
         for output in outputs:
             if budget == 0:
                 break
             chunk = min(len(output.tokens) - output.computed, budget)
-            if not self._reserve(request, output, output.computed + chunk, work):
-                return budget
+            while not self.kv.grow(output.table, output.computed + chunk):
+                victim = self.running[-1]
+                self._preempt(victim, work)
+                if victim is request:
+                    return budget
             work.append((request, output, chunk))
             budget -= chunk
         return budget
-
-    def _reserve(self, request: MockRequest, output: Output, tokens: int, work: _Work) -> bool:
-        """Blocks for ``tokens`` tokens of ``output``, preempting if needed; False if ``request`` was."""
-        while not self.kv.grow(output.table, tokens):
-            victim = self.running[-1]
-            self._preempt(victim, work)
-            if victim is request:
-                return False
-        return True
 
     def _preempt(self, request: MockRequest, work: _Work) -> None:
         self.running.remove(request)
@@ -279,16 +285,19 @@ class EngineCore:
         return True
 
     def _execute(self, work: _Work) -> None:
-        model = self._model
+        model, kv = self._model, self.kv
+        running = Phase.RUNNING  # a local: an enum member lookup costs ~70 ns on Python 3.11
         for request, output, chunk in work:
-            if request.phase is not Phase.RUNNING:
+            if request.phase is not running:
                 continue  # aborted or failed while the forward pass ran
             output.computed += chunk
-            self.kv.commit(output.table, output.tokens, output.computed, request.key, request.request_id)
+            if output.computed // kv.block_size > len(output.table.hashes):  # a block may have filled
+                kv.commit(output.table, output.tokens, output.computed, request.key, request.request_id)
             if output.computed < len(output.tokens):
                 continue
-            sampled = [output]
-            if not request.prompt_done:
+            if request.prompt_done:
+                self._sample(request, output)
+            else:
                 request.prompt_done = True
                 request.emit_prompt(model)
                 if request.prefill_only:
@@ -298,11 +307,10 @@ class EngineCore:
                 for fork in request.outputs[1:]:
                     fork.computed = output.computed
                     fork.table.hashes = list(output.table.hashes)
-                sampled = request.live
-            for each in sampled:
-                if not self._sample(request, each):
-                    break
-            if request.phase is Phase.RUNNING and not request.live:
+                for each in list(request.live):  # a copy: an output that finishes leaves ``live``
+                    if not self._sample(request, each):
+                        break
+            if not request.live and request.phase is running:
                 self._requests.pop(request.request_id, None)
                 self.running.remove(request)
                 request.phase = Phase.DONE

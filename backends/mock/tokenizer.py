@@ -36,13 +36,21 @@ def decode(token_ids: Iterable[int]) -> str:
     return bytes(t for t in token_ids if t < BYTE_TOKENS).decode("utf-8", errors="replace")
 
 
-def piece(token_id: int) -> str:
-    """A token's display form: the character for printable ASCII, ``<0xNN>`` for other bytes."""
+def _display(token_id: int) -> str:
+    """``piece``, computed (``piece`` reads it from a table for ids in the vocabulary)."""
     if token_id >= BYTE_TOKENS:
         return _SPECIAL_PIECES.get(token_id, f"<unk:{token_id}>")
     if 0x20 <= token_id < 0x7F or token_id in (0x09, 0x0A, 0x0D):
         return chr(token_id)
     return f"<0x{token_id:02X}>"
+
+
+_PIECES = tuple(_display(token_id) for token_id in range(VOCAB_SIZE))
+
+
+def piece(token_id: int) -> str:
+    """A token's display form: the character for printable ASCII, ``<0xNN>`` for other bytes."""
+    return _PIECES[token_id] if token_id < VOCAB_SIZE else _display(token_id)
 
 
 def media_tokens(media: Media) -> list[int]:
@@ -75,19 +83,26 @@ def encode_input(
 class TextDecoder:
     """Incremental detokenization: each call returns only complete new characters."""
 
-    __slots__ = ("_decoder",)
+    __slots__ = ("_decoder", "_holding")
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._holding = False
+        """Whether the codec holds bytes of an unfinished character."""
 
     def feed(self, token_id: int) -> str:
         """New text after ``token_id`` (empty while a character is incomplete, or for specials)."""
         if token_id >= BYTE_TOKENS:
             return ""
-        return self._decoder.decode(bytes((token_id,)))
+        if token_id < 0x80 and not self._holding:
+            return chr(token_id)  # what the codec would return, without its per-call cost
+        text = self._decoder.decode(bytes((token_id,)))
+        self._holding = bool(self._decoder.getstate()[0])
+        return text
 
     def flush(self) -> str:
         """The end of the output: an unfinished character becomes U+FFFD."""
+        self._holding = False
         return self._decoder.decode(b"", final=True)
 
 

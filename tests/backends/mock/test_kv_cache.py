@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from openengine_backends.mock.kv_cache import BlockManager, BlockTable, CacheKey, block_hash, hash_proto
 from openengine_gateway import pb
 
@@ -101,3 +103,25 @@ def test_drop_lora_and_clear() -> None:
     manager.clear()
     assert manager.take_events()[-1].WhichOneof("event") == "all_blocks_cleared"
     assert (manager.cached, manager.free) == (0, 8)
+
+
+def test_block_hash_layout() -> None:
+    # the hashes are on the wire (KV events): blake2b-64 of the parent as a big-endian int64,
+    # then each token as a big-endian uint32
+    payload = (-3).to_bytes(8, "big", signed=True) + b"".join(t.to_bytes(4, "big") for t in (1, 257, 0))
+    expected = int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
+    assert block_hash(-3, [1, 257, 0]) == expected
+
+
+def test_without_events_the_cache_works_the_same_and_records_nothing() -> None:
+    quiet, loud = BlockManager(4, 4, record_events=False), BlockManager(4, 4)
+    for manager in (quiet, loud):
+        for start in (0, 100, 200):  # the third sequence evicts the first one's blocks
+            manager.release(filled(manager, list(range(start, start + 8))))
+    assert quiet.take_events() == []
+    kinds = [e.WhichOneof("event") for e in loud.take_events()]
+    assert kinds == ["block_stored", "block_stored", "block_removed", "block_stored"]
+    assert (quiet.cached, quiet.free) == (loud.cached, loud.free) == (4, 4)
+    assert [len(quiet.lookup(list(range(s, s + 8)), KEY, 8)) for s in (0, 100, 200)] == [0, 2, 2]
+    quiet.clear()
+    assert quiet.take_events() == [] and quiet.cached == 0

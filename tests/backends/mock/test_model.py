@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
-from openengine_backends.mock.model import FREE_ROWS, PseudoModel, build_tables
-from openengine_backends.mock.tokenizer import EOS, encode
+from openengine_backends.mock.model import CONTINUATION_ROWS, FREE_ROWS, PseudoModel, build_tables
+from openengine_backends.mock.tokenizer import BOS, EOS, encode
 
 
 def test_rows_are_real_distributions_with_consistent_tables() -> None:
@@ -51,3 +53,42 @@ def test_eos_is_likely_enough_for_outputs_to_end() -> None:
     free = tables.logprobs[:FREE_ROWS, EOS]
     assert 0.01 < np.exp(free).mean() < 0.05
     assert 0.01 < (tables.order[:FREE_ROWS, 0] == EOS).mean() < 0.06
+
+
+def _reference_row(seed: int, context: list[int], lora_id: int = 0) -> int:
+    """The row as documented: FNV-1a of the last four tokens from a seeded root, masked every step,
+    then splitmix64; a continuation row while the trailing bytes are an unfinished character."""
+    mask = (1 << 64) - 1
+
+    def mix(value: int) -> int:
+        value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        value = (value ^ (value >> 27)) * 0x94D049BB133111EB & mask
+        return value ^ (value >> 31)
+
+    key = mix((seed * 0x9E3779B97F4A7C15 + lora_id) & mask)
+    for token in context[-4:]:
+        key = ((key ^ token) * 0x100000001B3) & mask
+    key = mix(key)
+    trailing = 0
+    while trailing < min(4, len(context)) and 0x80 <= context[-1 - trailing] <= 0xBF:
+        trailing += 1
+    lead = context[-1 - trailing] if trailing < len(context) else 0
+    needed = 1 if 0xC2 <= lead <= 0xDF else 2 if 0xE0 <= lead <= 0xEF else 3 if 0xF0 <= lead <= 0xF4 else 0
+    return FREE_ROWS + key % CONTINUATION_ROWS if trailing < needed else key % FREE_ROWS
+
+
+def test_rows_follow_the_documented_hash() -> None:
+    rng = random.Random(3)
+    bytes_and_specials = [*range(0x20, 0x7F), *range(0x80, 0x100), BOS, EOS]
+    for seed, lora_id in ((0, 0), (7, 0), (7, 3)):
+        model = PseudoModel(seed)
+        for _ in range(2000):
+            context = [rng.choice(bytes_and_specials) for _ in range(rng.randrange(0, 9))]
+            assert model.row(context, lora_id) == _reference_row(seed, context, lora_id), context
+            end = rng.randrange(0, len(context) + 1)
+            assert model.row_at(context, end, lora_id) == _reference_row(seed, context[:end], lora_id), context
+
+
+def test_best_is_the_first_of_each_order() -> None:
+    tables = PseudoModel(0).tables
+    assert tables.best == tuple(int(t) for t in tables.order[:, 0])

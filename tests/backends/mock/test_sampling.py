@@ -98,3 +98,15 @@ def test_seeds_reproduce_and_separate_outputs() -> None:
     assert sequence(7, 0) != sequence(7, 1)
     assert sequence(7, 0) != sequence(8, 0)
     assert sequence(None, 0) != sequence(None, 0)
+
+
+def test_output_generators_are_seeded_at_creation_and_draw_as_numpy_would() -> None:
+    fallback, replay = np.random.default_rng(5), np.random.default_rng(5)
+    unseeded = [output_rng(None, index, fallback) for index in range(2)]
+    entropy = [int(replay.integers(1 << 63)) for _ in range(2)]
+    assert fallback.random() == replay.random()  # each output drew from the engine's generator at once
+    for rng, value in zip(unseeded, entropy, strict=True):
+        reference = np.random.default_rng(value)
+        assert [rng.random() for _ in range(3)] == [reference.random() for _ in range(3)]
+    seeded, reference = output_rng(9, 2, fallback), np.random.default_rng([9, 2])
+    assert [seeded.random() for _ in range(3)] == [reference.random() for _ in range(3)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from openengine_backends.mock.tokenizer import (
     BOS,
@@ -70,3 +72,20 @@ def test_media_tokens_depend_on_content_and_modality() -> None:
     assert first != media_tokens(Media(pb.MODALITY_IMAGE, url="https://a.example/y.png"))
     assert first != media_tokens(Media(pb.MODALITY_VIDEO, url="https://a.example/x.png"))
     assert all(0 <= t < 256 for t in first)
+
+
+def test_decoder_matches_the_utf8_codec_on_any_byte_stream() -> None:
+    # ASCII skips the codec unless it holds part of a character: then the codec must see it
+    decoder = TextDecoder()
+    assert [decoder.feed(t) for t in (0xE2, 0x82, 0x61, 0xC3, 0xA9)] == ["", "", "\ufffda", "", "é"]
+    rng = random.Random(7)
+    alphabet = [*range(0x20, 0x7F), *range(0x80, 0x100), BOS, EOS]
+    for _ in range(300):
+        tokens = [rng.choice(alphabet) for _ in range(rng.randrange(1, 30))]
+        decoder = TextDecoder()
+        assert "".join(decoder.feed(t) for t in tokens) + decoder.flush() == decode(tokens), tokens
+
+
+def test_pieces_cover_the_vocabulary_and_beyond() -> None:
+    assert [piece(t) for t in (0x09, 0x7E, 0x7F, 0xFF)] == ["\t", "~", "<0x7F>", "<0xFF>"]
+    assert piece(VOCAB_SIZE) == f"<unk:{VOCAB_SIZE}>"
