@@ -10,8 +10,10 @@ Every OpenEngine call passes through it once:
 4. the call's final status code is counted by RPC (``on_finished``).
 
 The handler it returns relays the servicer's messages through one thin async-generator
-layer, so the per-message cost on a stream is a generator step, nothing more.
-``grpc.health.v1`` passes untouched; reflection only needs a token.
+layer, so the per-message cost on a stream is a generator step, nothing more. That handler
+is built once per method and reused by every call: only Abort, whose needed scope depends on
+its request, gets one per call when tokens are configured. ``grpc.health.v1`` passes
+untouched; reflection only needs a token.
 """
 
 from __future__ import annotations
@@ -55,17 +57,22 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, auth: TokenAuth | None = None, on_finished: RpcFinished | None = None) -> None:
         self._auth = auth
         self._on_finished = on_finished or (lambda _rpc, _code: None)
+        self._relays: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        """OpenEngine method -> its relaying handler, built on the method's first call."""
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
         method = handler_call_details.method
+        auth = self._auth
+        relay = self._relays.get(method)
+        if relay is not None and auth is None:
+            return relay  # the common case: no tokens, and the method's handler already built
+        handler = await continuation(handler_call_details)
         if handler is None or method.startswith(_EXEMPT_PREFIX):
             return handler
-        auth = self._auth
         granted = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
         if not method.startswith(_PREFIX):
             error = auth.check(Scope.INFERENCE, granted) if auth is not None else None
@@ -76,8 +83,11 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             if error is not None:
                 self._on_finished(rpc, error.status.name)
                 return _rejecting(handler, error)
-        scoped = auth if auth is not None and rpc == "Abort" else None
-        return _relaying(handler, rpc, scoped, granted, self._on_finished)
+            if rpc == "Abort":  # its scope depends on the request: checked by a handler of its own
+                return _relaying(handler, rpc, self._on_finished, auth, granted)
+        if relay is None:
+            relay = self._relays[method] = _relaying(handler, rpc, self._on_finished)
+        return relay
 
 
 def _rejecting(handler: grpc.RpcMethodHandler[Any, Any], error: RequestError) -> grpc.RpcMethodHandler[Any, Any]:
@@ -98,11 +108,12 @@ def _rejecting(handler: grpc.RpcMethodHandler[Any, Any], error: RequestError) ->
 def _relaying(
     handler: grpc.RpcMethodHandler[Any, Any],
     rpc: str,
-    auth: TokenAuth | None,
-    granted: Scope | None,
     on_finished: RpcFinished,
+    auth: TokenAuth | None = None,
+    granted: Scope | None = None,
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """The servicer's handler behind the decode guard, the Abort scope check and status counting."""
+    """The servicer's handler behind the decode guard, status counting and, given ``auth``, the
+    request-dependent scope check of a call granted ``granted``."""
     parse = handler.request_deserializer
 
     def deserialize(data: bytes) -> object:

@@ -77,6 +77,17 @@ async def test_the_control_scope_reaches_every_rpc(tmp_path: Path, caplog: pytes
     assert CONTROL not in caplog.text
 
 
+async def test_every_call_is_checked_after_the_method_has_served_one(tmp_path: Path) -> None:
+    # the interceptor builds each method's relaying handler once: a later call must still be checked
+    async with gateway(server=tokens()) as running:
+        for call in CALLS:
+            assert await outcome(running.stub, call, tmp_path, metadata=bearer(CONTROL)) not in REFUSED, call.label
+            assert await outcome(running.stub, call, tmp_path) == "UNAUTHENTICATED", call.label
+            expected = "PERMISSION_DENIED" if call.control else None
+            code = await outcome(running.stub, call, tmp_path, metadata=bearer(INFERENCE))
+            assert code == expected if expected else code not in REFUSED, (call.label, code)
+
+
 async def test_one_token_closes_control_too(tmp_path: Path) -> None:
     """With no control token, control RPCs fall back to the inference tokens, never open."""
     async with gateway(server=ServerOptions(auth=TokenAuth([INFERENCE]))) as running:
