@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -175,6 +176,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     except BaseException:
         await server.gateway.stop()
         raise
+    freeze_startup_objects()
     names = ", ".join(f"{e.served_name} ({e.facts.engine_name} {e.facts.engine_version})" for e in engines)
     tls = server_options.tls
     scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
@@ -196,6 +198,19 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     await server.stop(drain_timeout)
     log.info("stopped")
     return 0
+
+
+def freeze_startup_objects() -> int:
+    """Move everything allocated while starting out of the garbage collector's reach; returns how many.
+
+    An engine's libraries leave the heap with hundreds of thousands of long-lived objects (about
+    600,000 with vLLM, torch and transformers imported), and a full collection walks them all: about
+    300 ms with the event loop, and so every stream, stalled. Frozen, they are never walked again;
+    what requests allocate is collected as before. vLLM's own server does the same after it starts.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _pick(flag: int | None, configured: int | None) -> int | None:

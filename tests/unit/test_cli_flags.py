@@ -137,3 +137,16 @@ def test_startup_errors_exit_2_with_the_message(
     assert cli.main(["serve", "--backend", "mock", "--port", "0"]) == 2
     assert capsys.readouterr().err == f"openengine-gateway: error: {error}\n"
     assert seen[0].backend == "mock" and seen[0].port == 0  # "serve" is optional and stripped
+
+
+def test_startup_objects_are_frozen_out_of_full_collections() -> None:
+    import gc
+
+    kept = [[index] for index in range(10_000)]  # long-lived objects made while starting
+    try:
+        frozen = cli.freeze_startup_objects()
+        assert frozen == gc.get_freeze_count() >= len(kept)
+        collected = {id(obj) for obj in gc.get_objects()}  # what a full collection walks
+        assert not any(id(item) in collected for item in kept)
+    finally:
+        gc.unfreeze()
