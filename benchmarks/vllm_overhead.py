@@ -42,7 +42,11 @@ SERVED = "tiny"
 MAX_TOKENS = 64
 LOAD_CONCURRENCY = 16
 LOAD_REQUESTS = 128
-SINGLE_REQUESTS = 16
+SINGLE_REQUESTS = 48
+"""Concurrency-1 requests per round: enough that a p99 over the rounds is not just the slowest one."""
+REWARM_REQUESTS = 2
+"""Untimed requests that start each target's turn: its engine idled while the others ran, and on every
+target the first request after idling is the slowest of its run, which the p99 would otherwise measure."""
 PROMPTS = (
     "the quick brown fox jumps over a lazy dog",
     "tokens flow through engines, schedulers batch requests",
@@ -224,6 +228,7 @@ async def measure(rounds: int, targets: dict[str, Target]) -> dict[str, dict[str
     for number in range(rounds):
         for name in names if number % 2 == 0 else list(reversed(names)):
             target = targets[name]
+            await run(target.call(), concurrency=1, requests=REWARM_REQUESTS)
             results["single"][name].append(await measure_one(target, concurrency=1, requests=SINGLE_REQUESTS))
             results["load"][name].append(
                 await measure_one(target, concurrency=LOAD_CONCURRENCY, requests=LOAD_REQUESTS)
