@@ -43,10 +43,10 @@ MAX_TOKENS = 64
 LOAD_CONCURRENCY = 16
 LOAD_REQUESTS = 128
 SINGLE_REQUESTS = 48
-"""Concurrency-1 requests per round: enough that a p99 over the rounds is not just the slowest one."""
+"""Concurrency-1 requests per target and round, interleaved across the targets request by request."""
 REWARM_REQUESTS = 2
-"""Untimed requests that start each target's turn: its engine idled while the others ran, and on every
-target the first request after idling is the slowest of its run, which the p99 would otherwise measure."""
+"""Untimed requests before each load run: its engine idled while the others ran, and on every target the
+first request after idling is the slowest of its run, which the TTFT p99 would otherwise measure."""
 PROMPTS = (
     "the quick brown fox jumps over a lazy dog",
     "tokens flow through engines, schedulers batch requests",
@@ -218,26 +218,46 @@ async def measure_one(target: Target, *, concurrency: int, requests: int) -> Mea
     return Measured(result, frontend, client)
 
 
-async def measure(rounds: int, targets: dict[str, Target]) -> dict[str, dict[str, list[Measured]]]:
-    """Warm-up, then ``rounds`` rounds over the targets, each round in the reverse order of the one before."""
-    results: dict[str, dict[str, list[Measured]]] = {"single": {}, "load": {}}
-    names: Sequence[str] = list(targets)
-    for name in names:
-        await measure_one(targets[name], concurrency=LOAD_CONCURRENCY, requests=LOAD_CONCURRENCY)
-        results["single"][name], results["load"][name] = [], []
-    for number in range(rounds):
-        for name in names if number % 2 == 0 else list(reversed(names)):
-            target = targets[name]
-            await run(target.call(), concurrency=1, requests=REWARM_REQUESTS)
-            results["single"][name].append(await measure_one(target, concurrency=1, requests=SINGLE_REQUESTS))
-            results["load"][name].append(
-                await measure_one(target, concurrency=LOAD_CONCURRENCY, requests=LOAD_REQUESTS)
-            )
+async def interleaved_singles(targets: dict[str, Target], requests: int) -> dict[str, RunResult]:
+    """``requests`` requests at concurrency 1 to each target, one target after the other request by request
+    (the order rotating), so a slow moment of the machine falls on all of them alike."""
+    names = list(targets)
+    results = {name: RunResult() for name in names}
+    for number in range(requests):
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            single = await run(targets[name].call(), concurrency=1, requests=1)
+            results[name].ttft_s += single.ttft_s
+            results[name].errors += single.errors
     return results
 
 
-def _print(results: dict[str, dict[str, list[Measured]]]) -> None:
-    load, single = results["load"], results["single"]
+@dataclass
+class Results:
+    """Every round's runs, by target: the interleaved concurrency-1 requests and the load runs."""
+
+    single: dict[str, list[RunResult]]
+    load: dict[str, list[Measured]]
+
+
+async def measure(rounds: int, targets: dict[str, Target]) -> Results:
+    """Warm-up, then ``rounds`` rounds: concurrency-1 requests interleaved across the targets, then a load
+    run on each target in turn, in the reverse order of the round before."""
+    names: Sequence[str] = list(targets)
+    results = Results({name: [] for name in names}, {name: [] for name in names})
+    for name in names:
+        await measure_one(targets[name], concurrency=LOAD_CONCURRENCY, requests=LOAD_CONCURRENCY)
+    for number in range(rounds):
+        for name, single in (await interleaved_singles(targets, SINGLE_REQUESTS)).items():
+            results.single[name].append(single)
+        for name in names if number % 2 == 0 else list(reversed(names)):
+            target = targets[name]
+            await run(target.call(), concurrency=1, requests=REWARM_REQUESTS)
+            results.load[name].append(await measure_one(target, concurrency=LOAD_CONCURRENCY, requests=LOAD_REQUESTS))
+    return results
+
+
+def _print(results: Results) -> None:
+    load = results.load
     rounds = len(load["gateway"])
     report.section(f"output throughput: {rounds} alternating rounds, {LOAD_CONCURRENCY} streams x {MAX_TOKENS} tokens")
     for name, runs in load.items():
@@ -264,8 +284,11 @@ def _print(results: dict[str, dict[str, list[Measured]]]) -> None:
         where = "this process: AsyncLLM and the client" if name == "AsyncLLM in process" else f"client {client:.1f} us"
         report.line(name, f"{frontend:.1f} us/token ({where})")
     report.section("time to first token (client-side, all rounds pooled)")
-    for by_target, concurrency in ((single, 1), (load, LOAD_CONCURRENCY)):
-        pooled = {name: [t for m in runs for t in m.result.ttft_s] for name, runs in by_target.items()}
+    pooled_by_concurrency = {
+        1: {name: [t for r in runs for t in r.ttft_s] for name, runs in results.single.items()},
+        LOAD_CONCURRENCY: {name: [t for m in runs for t in m.result.ttft_s] for name, runs in load.items()},
+    }
+    for concurrency, pooled in pooled_by_concurrency.items():
         for q in (50, 99):
             figures = {name: percentile(values, q) for name, values in pooled.items()}
             gateway, server = figures["gateway"], figures["vllm server"]
