@@ -260,6 +260,7 @@ class MockBackend(Backend):
         if self._loras.pop(adapter.lora_name, None) is None:
             raise NotFound(f"no LoRA adapter named {adapter.lora_name!r} is loaded in the mock engine")
         self._tasks.forget(adapter.lora_id)
+        self.model.forget(adapter.lora_id)
         for core in self.cores:
             core.kv.drop_lora(adapter.lora_id)
             core.flush_events()

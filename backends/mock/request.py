@@ -105,9 +105,17 @@ class MockRequest:
     transferred: Transferred | None = None
     live: list[Output] = field(init=False)
     """Outputs still generating, in index order (kept up to date: it is read every step)."""
+    ending: frozenset[int] = field(init=False)
+    """Tokens that end an output once ``min_tokens`` exist: the stop tokens, and EOS unless ignored."""
+    streaming: bool = field(init=False)
+    """No output logprobs and no stop strings: a token that does not end its output needs no
+    record beyond its piece and no stop matching (``accept``'s shortcut)."""
 
     def __post_init__(self) -> None:
         self.live = list(self.outputs)
+        stopping = self.spec.stopping
+        self.ending = frozenset((*stopping.stop_token_ids, *(() if stopping.ignore_eos else _EOS_IDS)))
+        self.streaming = self.spec.output_logprobs is None and not any(stopping.stop_texts)
 
     @property
     def request_id(self) -> str:
@@ -148,13 +156,18 @@ class MockRequest:
 
     def accept(self, output: Output, token: int, row: int, model: PseudoModel) -> None:
         """Append a sampled token to ``output`` and emit what it produced."""
-        stopping = self.spec.stopping
-        past_min = output.generated >= stopping.min_tokens
         output.tokens.append(token)
         output.generated += 1
         output.sampler.observe(token)
         if output.guide is not None:
             output.guide.advance(token)
+        if self.streaming and token not in self.ending and output.generated < self.max_tokens:
+            # The common case, as the general path below would deliver it: no logprobs, no stop
+            # string to hold text back for, neither a stop token nor the last token.
+            self.stream.put(TokenDelta(output.index, [TokenRecord(token, piece(token))], output.decoder.feed(token)))
+            return
+        stopping = self.spec.stopping
+        past_min = output.generated > stopping.min_tokens  # before this token
         record = token_record(model, row, token, self.spec.output_logprobs)
         stop = stop_match_for_token(token, stopping, _EOS_IDS) if past_min else None
         if stop is not None:

@@ -108,8 +108,7 @@ class Sampler:
             if self._greedy:
                 return tables.best[row]
             if self._plain:
-                index = int(np.searchsorted(tables.cdf[row], self._rng.random(), side="right"))
-                return int(tables.order[row, min(index, VOCAB_SIZE - 1)])
+                return self._model.draw(row, self._rng.random())
         return self._sample_adjusted(tables.logits[row], banned, allowed)
 
     def _sample_adjusted(self, raw: np.ndarray, banned: Sequence[int], allowed: np.ndarray | None) -> int:

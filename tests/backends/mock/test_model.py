@@ -92,3 +92,22 @@ def test_rows_follow_the_documented_hash() -> None:
 def test_best_is_the_first_of_each_order() -> None:
     tables = PseudoModel(0).tables
     assert tables.best == tuple(int(t) for t in tables.order[:, 0])
+
+
+def test_draw_is_the_inverse_cdf_of_the_row() -> None:
+    model = PseudoModel(0)
+    tables = model.tables
+    rng = random.Random(5)
+    for _ in range(2000):
+        row = rng.randrange(len(tables.cdf))
+        uniform = rng.choice((rng.random(), float(tables.cdf[row, rng.randrange(258)]), 1.0, 0.0))
+        index = min(int(np.searchsorted(tables.cdf[row], uniform, side="right")), tables.cdf.shape[1] - 1)
+        assert model.draw(row, uniform) == int(tables.order[row, index])
+
+
+def test_a_forgotten_adapter_hashes_as_before() -> None:
+    model = PseudoModel(0)
+    context = encode("adapter")
+    before = model.row(context, lora_id=9)
+    model.forget(9)
+    assert model.row(context, lora_id=9) == before == _reference_row(0, context, 9)
