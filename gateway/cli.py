@@ -176,7 +176,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     except BaseException:
         await server.gateway.stop()
         raise
-    freeze_startup_objects()
+    log.debug("froze %d objects left by startup out of garbage collection", freeze_startup_objects())
     names = ", ".join(f"{e.served_name} ({e.facts.engine_name} {e.facts.engine_version})" for e in engines)
     tls = server_options.tls
     scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
