@@ -6,19 +6,16 @@ Nothing here imports SGLang: the ``fake`` fixture makes ``import sglang`` find `
 
 from __future__ import annotations
 
-import contextlib
 import types
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from openengine_backends.sglang import SglangBackend, SglangSettings
 from openengine_gateway import pb
-from openengine_gateway.testing import RunningGateway, serve_backends
 
+from ..fake_serving import MODEL, generate_request
 from .fake_api import install
 
-MODEL = "fake"
 GREEDY = pb.SamplingParams(temperature=0.0)
 
 
@@ -33,19 +30,6 @@ def sglang(model: str = "/models/fake-llm", **options: Any) -> SglangBackend:
     return SglangBackend(SglangSettings(model=model, **options))
 
 
-@contextlib.asynccontextmanager
-async def serving(*backends: SglangBackend) -> AsyncIterator[RunningGateway]:
-    """The gateway serving each backend (as ``fake``, ``fake1``...)."""
-    names = [MODEL if position == 0 else f"{MODEL}{position}" for position in range(len(backends))]
-    async with serve_backends(list(zip(names, backends, strict=True))) as running:
-        yield running
-
-
 def request(prompt: str | list[int] = "say", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
-    """A Generate request from text or token ids."""
-    message = pb.GenerateRequest(model=model, **fields)
-    if isinstance(prompt, str):
-        message.prompt = prompt
-    else:
-        message.token_ids.ids.extend(prompt)
-    return message
+    """A Generate request from text or token ids, with this fake model's default prompt."""
+    return generate_request(prompt, model, **fields)

@@ -16,8 +16,9 @@ from openengine_gateway import pb
 
 from tests.responses import collect, finished, text, tokens
 
+from ..fake_serving import serving
 from . import fake_engine
-from .conftest import GREEDY, request, serving, sglang
+from .conftest import GREEDY, request, sglang
 from .fake_api import EOS
 
 

@@ -15,8 +15,9 @@ from openengine_gateway.testing import RunningGateway
 
 from tests.responses import collect, finished, text
 
+from ..fake_serving import MODEL, serving
 from . import fake_engine
-from .conftest import GREEDY, MODEL, request, serving, sglang
+from .conftest import GREEDY, request, sglang
 
 LONG = pb.StoppingOptions(max_tokens=200, ignore_eos=True)
 

@@ -9,8 +9,9 @@ import grpc
 import pytest
 from openengine_gateway import pb
 
+from ..fake_serving import MODEL, serving
 from . import fake_engine
-from .conftest import MODEL, serving, sglang
+from .conftest import sglang
 
 
 def context(request_id: str = "t") -> pb.TaskRequestContext:

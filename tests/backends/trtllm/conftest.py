@@ -6,18 +6,14 @@ Nothing here imports TensorRT-LLM: the ``fake`` fixture makes ``import tensorrt_
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings, engine
 from openengine_gateway import pb
-from openengine_gateway.testing import RunningGateway, serve_backends
 
+from ..fake_serving import MODEL, generate_request
 from .fake_api import Installed, install
-
-MODEL = "fake"
 
 
 @pytest.fixture(autouse=True)
@@ -37,22 +33,9 @@ def trtllm(**options: Any) -> TrtllmBackend:
     return TrtllmBackend(TrtllmSettings(model="/models/fake-llama", **options))
 
 
-@contextlib.asynccontextmanager
-async def serving(*backends: TrtllmBackend) -> AsyncIterator[RunningGateway]:
-    """The gateway serving each backend (as ``fake``, ``fake1``...)."""
-    names = [MODEL if position == 0 else f"{MODEL}{position}" for position in range(len(backends))]
-    async with serve_backends(list(zip(names, backends, strict=True))) as running:
-        yield running
-
-
 def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
-    """A Generate request from text or token ids."""
-    message = pb.GenerateRequest(model=model, **fields)
-    if isinstance(prompt, str):
-        message.prompt = prompt
-    else:
-        message.token_ids.ids.extend(prompt)
-    return message
+    """A Generate request from text or token ids, with this fake model's default prompt."""
+    return generate_request(prompt, model, **fields)
 
 
 def token_ids(responses: list[pb.GenerateResponse], index: int = 0) -> list[int]:

@@ -14,8 +14,9 @@ from openengine_gateway.config import ConfigError
 
 from tests.responses import collect, finished, text
 
+from ..fake_serving import MODEL, serving
 from . import fake_llm
-from .conftest import MODEL, request, serving, token_ids, trtllm
+from .conftest import request, token_ids, trtllm
 from .fake_api import Installed, SchedulingParams, install
 
 pytestmark = pytest.mark.usefixtures("fake")
