@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -180,11 +181,12 @@ async def start_in_process(model: Path) -> tuple[Any, Any]:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(model=str(model), **ENGINE))
     params = SamplingParams(
         max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
-    return engine, params
+    # The engine is never bound to a name in this frame: an exception that vLLM keeps from one of the
+    # imports above holds the frame, and with it its locals, until the interpreter exits.
+    return await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(model=str(model), **ENGINE)), params
 
 
 def _verdict_ratio(value: float, at_least: float) -> str:
@@ -333,6 +335,10 @@ async def main(rounds: int) -> None:
         finally:
             if engine is not None:
                 engine.shutdown()
+                # Its __del__ shuts down again: let it run now, not at interpreter exit, where vLLM's
+                # module globals are already gone (a TypeError printed after every run).
+                engine = None
+                gc.collect()
             for each in servers:
                 each.stop()
 
