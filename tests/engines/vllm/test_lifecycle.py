@@ -145,6 +145,13 @@ async def test_load_counts_running_requests_and_kv_blocks(stub: pb.OpenEngineStu
     await wait_for(idle)
 
 
+def test_only_the_gateways_stat_logger_runs(gateway: RunningGateway) -> None:
+    """vLLM's Prometheus and logging stat loggers are dropped: nothing reads them, and they cost CPU per token
+    (the load test above proves the gateway's own still gets every scheduler snapshot)."""
+    manager = engine_backend(gateway)._engine.logger_manager  # type: ignore[attr-defined]
+    assert [type(logger).__name__ for logger in manager.stat_loggers] == ["LatestSchedulerStats"]
+
+
 async def test_health_with_an_inference_probe(stub: pb.OpenEngineStub) -> None:
     health = await stub.Health(pb.HealthRequest(include_inference_probe=True, role=pb.ENGINE_ROLE_AGGREGATED))
     assert health.state == pb.HEALTH_STATE_READY
