@@ -64,19 +64,10 @@ def generate_request(request: GenerationRequest, model: str) -> pb.GenerateReque
 
 def _sampling(message: pb.SamplingParams, request: GenerationRequest) -> None:
     sampling = request.sampling
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "seed",
-    ):
-        value = getattr(sampling, name)
-        if value is not None:
-            setattr(message, name, value)
+    for name, value in sampling.values().items():  # the knobs the caller set, under the proto's names
+        setattr(message, name, value)
+    if sampling.seed is not None:
+        message.seed = sampling.seed
     if sampling.num_sequences != 1:
         message.num_sequences = sampling.num_sequences
 
