@@ -20,7 +20,7 @@ from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
-from ..errors import Cancelled, Internal, Unavailable, as_status_error
+from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error
 from ..logs import bind_request_id
 from ..spi.requests import TaskContext
 from .background import BackgroundTasks
@@ -96,7 +96,7 @@ class TaskService:
         task = asyncio.ensure_future(work)
         active.stop = lambda _reason: task.cancel()
         active.on_failure = lambda _failure: task.cancel()
-        finished = failed = False
+        finished = failed = rejected = False
         try:
             result = await task
             finished = True
@@ -112,16 +112,17 @@ class TaskService:
             raise
         except Exception as exc:  # broad on purpose: unary failures must become a status
             failed = True
+            rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
             error = as_status_error(exc)
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
             raise error from None
         finally:
-            self._registry.release(active)
+            self._registry.release(active, finished=not rejected)
             if not finished:
                 task.cancel()
                 self._background.spawn(engine.backend.abort(context.request_id), f"abort {context.request_id}")
-            if self._telemetry is not None:
+            if self._telemetry is not None and not rejected:
                 self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
 
 

@@ -164,15 +164,15 @@ async def test_loaded_lora_is_passed_down() -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "kind"),
+    ("error", "kind", "accepted"),
     [
-        (EngineFailure(pb.ERROR_CODE_OVERLOADED, "busy", retryable=True, retry_after_ms=9), ResourceExhausted),
-        (EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, "too long"), InvalidArgument),
-        (RuntimeError("bug"), Internal),
-        (InvalidArgument("late validation"), InvalidArgument),
+        (EngineFailure(pb.ERROR_CODE_OVERLOADED, "busy", retryable=True, retry_after_ms=9), ResourceExhausted, True),
+        (EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, "too long"), InvalidArgument, True),
+        (RuntimeError("bug"), Internal, True),
+        (InvalidArgument("late validation"), InvalidArgument, False),  # the driver refused it
     ],
 )
-async def test_driver_failures_become_statuses(error: Exception, kind: type[Exception]) -> None:
+async def test_driver_failures_become_statuses(error: Exception, kind: type[Exception], accepted: bool) -> None:
     parts, backend = CoreParts(), backend_with_tasks()
 
     async def embed(_call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
@@ -183,6 +183,8 @@ async def test_driver_failures_become_statuses(error: Exception, kind: type[Exce
         await service(parts, backend).embed(embed_request())
     assert type(raised.value) is kind
     assert len(parts.registry) == 0
+    # As in Generate: Abort of a request the driver refused answers NOT_FOUND, of a failed one ALREADY_FINISHED.
+    assert parts.registry.recently_finished("r1") is accepted
     await asyncio.wait_for(backend.abort_called.wait(), 1)
 
 
