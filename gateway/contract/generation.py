@@ -265,6 +265,10 @@ def _parse_stopping(request: pb.GenerateRequest, model: pb.ModelInfo) -> Stoppin
     min_tokens = st.min_tokens if st.HasField("min_tokens") else 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidArgument("stopping.min_tokens must not exceed max_tokens")
+    if max_tokens is None and model.HasField("max_output_tokens") and min_tokens > model.max_output_tokens:
+        raise InvalidArgument(
+            f"stopping.min_tokens ({min_tokens}) exceeds the model's max_output_tokens ({model.max_output_tokens})"
+        )
     texts: list[str] = []
     token_ids: list[int] = []
     for position, condition in enumerate(st.conditions):

@@ -175,8 +175,9 @@ def resolve_max_tokens(
 ) -> int:
     """The output budget: the caller's ``max_tokens``, else what fits in the context.
 
-    Raises ``InvalidArgument`` when the prompt alone fills the context or the caller's budget
-    does not fit; an engine's own small default is never used.
+    Raises ``InvalidArgument`` when the prompt alone fills the context, the caller's budget
+    does not fit, or ``min_tokens`` cannot be honoured within the budget; an engine's own
+    small default is never used.
     """
     if max_context is not None and prompt_tokens >= max_context:
         raise InvalidArgument(f"prompt has {prompt_tokens} tokens; the model's context is {max_context}")
@@ -186,7 +187,11 @@ def resolve_max_tokens(
         budgets = [b for b in (room, max_output) if b is not None]
         if not budgets:
             raise InvalidArgument("stopping.max_tokens is required: the model reports no context length")
-        return min(budgets)
+        budget = min(budgets)
+        wanted_min = request.stopping.min_tokens
+        if wanted_min > budget:
+            raise InvalidArgument(f"stopping.min_tokens ({wanted_min}) exceeds the {budget} tokens left for output")
+        return budget
     if room is not None and wanted > room:
         raise InvalidArgument(
             f"prompt ({prompt_tokens} tokens) plus max_tokens ({wanted}) exceeds the context ({max_context})"

@@ -283,6 +283,7 @@ def test_stop_conditions_are_deduplicated_in_order() -> None:
         ({"max_tokens": 0}, "max_tokens must be greater than zero"),
         ({"max_tokens": 9}, "max_output_tokens"),
         ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ({"min_tokens": 9}, r"min_tokens \(9\) exceeds the model's max_output_tokens"),  # without max_tokens
         ({"conditions": [pb.StopCondition()]}, r"conditions\[0\] sets neither"),
         ({"conditions": [pb.StopCondition(stop_token_id=1), pb.StopCondition(stop_text="")]}, r"conditions\[1\]"),
     ],

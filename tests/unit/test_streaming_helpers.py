@@ -281,8 +281,8 @@ def test_engine_ranks_are_used_when_given() -> None:
 # -- resolve_max_tokens ------------------------------------------------------------------------
 
 
-def generation(max_tokens: int | None) -> GenerationRequest:
-    return GenerationRequest("r", "m", prompt="x", stopping=Stopping(max_tokens=max_tokens))
+def generation(max_tokens: int | None, min_tokens: int = 0) -> GenerationRequest:
+    return GenerationRequest("r", "m", prompt="x", stopping=Stopping(max_tokens=max_tokens, min_tokens=min_tokens))
 
 
 @pytest.mark.parametrize(
@@ -315,3 +315,11 @@ def test_resolve_max_tokens(
 def test_resolve_max_tokens_rejections(max_tokens: int | None, prompt: int, context: int | None, match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
         resolve_max_tokens(generation(max_tokens), prompt, context)
+
+
+def test_min_tokens_must_fit_the_resolved_budget() -> None:
+    assert resolve_max_tokens(generation(None, min_tokens=90), 10, 100) == 90
+    with pytest.raises(InvalidArgument, match=r"min_tokens \(91\) exceeds the 90 tokens left"):
+        resolve_max_tokens(generation(None, min_tokens=91), 10, 100)
+    with pytest.raises(InvalidArgument, match=r"min_tokens \(8\) exceeds the 7 tokens left"):
+        resolve_max_tokens(generation(None, min_tokens=8), 10, 100, 7)
