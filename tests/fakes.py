@@ -57,6 +57,7 @@ class FakeBackend(Backend):
         instance_id: str = "",
         supports_abort: bool = True,
         lora_adapters: Sequence[LoraAdapter] = (),
+        shares_filesystem: bool = True,
         publishes_kv_events: bool = False,
         publishes_runtime_events: bool = False,
     ) -> None:
@@ -70,6 +71,7 @@ class FakeBackend(Backend):
             kv_connector=kv_connector,
             instance_id=instance_id,
             lora_adapters=lora_adapters,
+            shares_filesystem=shares_filesystem,
             publishes_kv_events=publishes_kv_events,
             publishes_runtime_events=publishes_runtime_events,
             supports_abort=supports_abort,

@@ -103,6 +103,7 @@ class RemoteBackend(Backend):
             kv_connector=info.kv_connector if info.HasField("kv_connector") else None,
             instance_id=info.instance_id,
             lora_adapters=[LoraAdapter(a.lora_id, a.lora_name, a.source_path) for a in adapters],
+            shares_filesystem=False,  # adapter paths are the remote host's: the remote checks them
             publishes_kv_events=kv_events,
             publishes_runtime_events=runtime_events,
             reports_cancellation=True,

@@ -18,7 +18,7 @@ class LoraService:
         self._registry = registry
         self._lock = asyncio.Lock()
         for engine in engines:
-            registry.seed(engine.facts.lora_adapters)
+            registry.seed(engine.facts.lora_adapters, local=engine.facts.shares_filesystem)
 
     def _lora_engines(self) -> list[Engine]:
         engines = [e for e in self._engines if e.model_info.HasField("supports_lora") and e.model_info.supports_lora]
@@ -31,8 +31,10 @@ class LoraService:
         engines = self._lora_engines()
         if not request.HasField("adapter"):
             raise InvalidArgument("adapter is required")
+        # One engine reading this host's files is enough for the path to have to exist here.
+        local = any(engine.facts.shares_filesystem for engine in engines)
         async with self._lock:
-            adapter, already = self._registry.resolve(request.adapter)
+            adapter, already = self._registry.resolve(request.adapter, local=local)
             if not already:
                 for engine in engines:
                     await engine.backend.load_lora(adapter)

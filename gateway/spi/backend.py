@@ -62,6 +62,10 @@ class EngineFacts:
     instance_id: str = ""
     lora_adapters: Sequence[LoraAdapter] = ()
     """Adapters the engine was started with; the gateway's registry begins with them."""
+    shares_filesystem: bool = True
+    """The engine reads files (LoRA adapters) from the gateway's own filesystem, so the gateway
+    resolves their paths and checks that they exist. False for an engine on another host (a
+    proxy's remote), which checks its own paths."""
     publishes_kv_events: bool = False
     """``kv_events`` yields the engine's KV cache events."""
     publishes_runtime_events: bool = False

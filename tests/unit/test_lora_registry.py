@@ -124,3 +124,30 @@ def test_seed_and_load_order(adapters: Path) -> None:
     assert registry.adapters() == [seeded, added]
     with pytest.raises(AlreadyExists):
         registry.resolve(pb.LoraAdapter(lora_id=5, lora_name="x", source_path=str(adapters / "a")))
+
+
+def test_an_adapter_the_engine_started_with_reloads_idempotently(adapters: Path) -> None:
+    """Seeded paths are normalized as requested ones are: the engine's spelling may differ."""
+    (adapters / "link").symlink_to(adapters / "a")
+    registry = LoraRegistry()
+    registry.seed([LoraAdapter(5, "boot", f"{adapters}/link/"), LoraAdapter(6, "rel", "relative/dir")])
+    assert registry.adapters()[0].source_path == str(adapters / "a")
+    assert registry.adapters()[1].source_path == "relative/dir"  # kept as the engine reported it
+    for spelling in (adapters / "a", f"{adapters}/a/", adapters / "link"):
+        assert load(registry, 5, "boot", spelling) == (LoraAdapter(5, "boot", str(adapters / "a")), True)
+
+
+def test_another_hosts_paths_are_normalized_not_checked(adapters: Path) -> None:
+    """An engine on another host checks its own paths: here they need only be absolute."""
+    registry = LoraRegistry()
+    adapter, already = registry.resolve(
+        pb.LoraAdapter(lora_id=1, lora_name="r", source_path="/remote//only/x/../adapter/"), local=False
+    )
+    assert adapter == LoraAdapter(1, "r", "/remote/only/adapter") and not already
+    registry.add(adapter)
+    same = pb.LoraAdapter(lora_id=1, lora_name="r", source_path="/remote/only/adapter")
+    assert registry.resolve(same, local=False) == (adapter, True)
+    with pytest.raises(InvalidArgument, match="absolute"):
+        registry.resolve(pb.LoraAdapter(lora_id=2, lora_name="s", source_path="remote/adapter"), local=False)
+    registry.seed([LoraAdapter(3, "boot", "/remote/boot/")], local=False)
+    assert registry.get("boot").source_path == "/remote/boot"

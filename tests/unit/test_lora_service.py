@@ -94,3 +94,15 @@ async def test_adapters_an_engine_started_with_are_listed() -> None:
     boot = LoraAdapter(3, "boot", "/srv/adapters/boot")
     lora = LoraService(engine_set(FakeBackend(model=LORA, lora_adapters=[boot])), LoraRegistry())
     assert [a.lora_name for a in lora.list(pb.ListLorasRequest()).adapters] == ["boot"]
+
+
+async def test_a_remote_engines_paths_are_left_to_it() -> None:
+    """Only an engine that reads this host's files has its adapter paths checked here."""
+    remote = FakeBackend(model=LORA, shares_filesystem=False)
+    lora = LoraService(engine_set(remote), LoraRegistry())
+    response = await lora.load(request("/on/the/remote/host/adapter/"))
+    assert response.adapter.source_path == "/on/the/remote/host/adapter"
+    assert remote.loaded_loras == [LoraAdapter(1, "a", "/on/the/remote/host/adapter")]
+    local = LoraService(engine_set((FakeBackend(model=LORA), "x"), (remote, "y")), LoraRegistry())
+    with pytest.raises(InvalidArgument, match="not a directory visible"):
+        await local.load(request("/on/the/remote/host/adapter"))
