@@ -52,10 +52,16 @@ class LifecycleService:
     # -- Health ---------------------------------------------------------------------------
 
     async def health(self, request: pb.HealthRequest) -> pb.HealthResponse:
-        """Readiness from the gateway and each engine; optionally a real inference probe."""
+        """Readiness from the gateway and each engine; optionally a real inference probe.
+
+        ``model`` and ``role`` belong to the probe (the contract: "used when
+        include_inference_probe is true"): with it they select the engine probed and checked
+        and add its role check; without it every engine is checked and both are ignored.
+        """
         if request.role not in pb.EngineRole.values():
             raise InvalidArgument(f"unknown role {request.role}")
-        selected = [self._engines.resolve(request.model)] if request.model else list(self._engines)
+        probe = request.include_inference_probe
+        selected = [self._engines.resolve(request.model)] if probe and request.model else list(self._engines)
         if not self._state.started:
             return pb.HealthResponse(
                 state=pb.HEALTH_STATE_STARTING,
@@ -63,17 +69,22 @@ class LifecycleService:
             )
         checks = [pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_READY, message="serving")]
         for engine in selected:
-            prefix = f"{engine.served_name}: " if len(self._engines) > 1 else ""
             for check in await engine.backend.check_health():
-                checks.append(pb.HealthCheck(name=check.name, state=check.state, message=prefix + check.message))
-            if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
-                checks.append(_role_check(engine, request.role, prefix))
-        if request.include_inference_probe:
+                checks.append(
+                    pb.HealthCheck(name=check.name, state=check.state, message=self._prefix(engine) + check.message)
+                )
+        if probe:
             engine = selected[0]
+            if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
+                checks.append(_role_check(engine, request.role, self._prefix(engine)))
             checks.append(await self._probe_check(engine))
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
+
+    def _prefix(self, engine: Engine) -> str:
+        """What tells one engine's check messages from another's behind a shared endpoint."""
+        return f"{engine.served_name}: " if len(self._engines) > 1 else ""
 
     async def _probe_check(self, engine: Engine) -> pb.HealthCheck:
         try:

@@ -291,25 +291,32 @@ async def test_health_while_draining() -> None:
 
 
 async def test_health_of_several_engines_and_model_selection() -> None:
-    sick = FakeBackend()
+    healthy, sick = FakeBackend(), FakeBackend()
     sick.health_checks = [pb.HealthCheck(name="model", state=NOT_READY, message="oom")]
-    lifecycle = service(CoreParts(), (FakeBackend(), "a"), (sick, "b"))
+    lifecycle = service(CoreParts(), (healthy, "a"), (sick, "b"))
     everything = await lifecycle.health(pb.HealthRequest())
     assert everything.state == NOT_READY
     assert [c.message for c in everything.checks[1:]] == ["a: ok", "b: oom"]
-    only_a = await lifecycle.health(pb.HealthRequest(model="a"))
-    assert only_a.state == READY and [c.message for c in only_a.checks[1:]] == ["a: ok"]
+    # model belongs to the probe ("used when include_inference_probe is true"): ignored without it.
+    assert await lifecycle.health(pb.HealthRequest(model="zzz")) == everything
+    healthy.on_generate = scripted(UsageReport(1, 1), OutputFinished(0, pb.FINISH_REASON_LENGTH))
+    only_a = await lifecycle.health(pb.HealthRequest(model="a", include_inference_probe=True))
+    assert only_a.state == READY and [c.message for c in only_a.checks[1:]] == ["a: ok", "generated a token"]
     with pytest.raises(NotFound):
-        await lifecycle.health(pb.HealthRequest(model="zzz"))
+        await lifecycle.health(pb.HealthRequest(model="zzz", include_inference_probe=True))
 
 
-async def test_health_role_check() -> None:
-    lifecycle = service(CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL))
-    matching = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_PREFILL))
-    assert matching.state == READY and matching.checks[-1].name == "role"
-    wrong = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_DECODE))
+async def test_health_role_check_belongs_to_the_probe() -> None:
+    backend = FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    backend.on_generate = scripted(PrefillDone(KvSession("s1")))
+    lifecycle = service(CoreParts(), backend)
+    matching = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_PREFILL, include_inference_probe=True))
+    assert matching.state == READY and [c.name for c in matching.checks[-2:]] == ["role", "inference_probe"]
+    wrong = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_DECODE, include_inference_probe=True))
     assert wrong.state == NOT_READY
-    assert wrong.checks[-1].message == "engine role is ENGINE_ROLE_PREFILL, expected ENGINE_ROLE_DECODE"
+    assert wrong.checks[-2].message == "engine role is ENGINE_ROLE_PREFILL, expected ENGINE_ROLE_DECODE"
+    without_probe = await lifecycle.health(pb.HealthRequest(role=pb.ENGINE_ROLE_DECODE))
+    assert without_probe.state == READY and "role" not in [c.name for c in without_probe.checks]
     with pytest.raises(InvalidArgument, match="unknown role 9"):
         await lifecycle.health(pb.HealthRequest(role=9))  # type: ignore[arg-type]
 
