@@ -284,7 +284,12 @@ class VllmBackend(Backend):
         )
         try:
             async for output in outputs:
-                for event in stream.events(output):
+                try:
+                    events = stream.events(output)
+                except EngineFailure:
+                    yield stream.usage(output)  # the terminal error still counts the prompt
+                    raise
+                for event in events:
                     yield event
         except (EngineFailure, RequestError, asyncio.CancelledError, GeneratorExit):
             raise

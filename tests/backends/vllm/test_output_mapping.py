@@ -10,6 +10,7 @@ from openengine_gateway.spi import (
     Candidate,
     CandidateSelection,
     GenerationRequest,
+    Guidance,
     KvSession,
     LogprobRequest,
     OutputFinished,
@@ -161,6 +162,22 @@ def test_engine_abort_cancels_and_error_fails() -> None:
     with pytest.raises(EngineFailure) as failure:
         decode.events(output(CompletionOutput(0, "", [], finish_reason="error"), finished=True))
     assert failure.value.code == pb.ERROR_CODE_KV_TRANSFER_FAILED
+
+
+def test_a_guided_output_failing_before_its_first_token_is_its_grammar() -> None:
+    """vLLM fails a request whose grammar it accepted but cannot compile: not worth a retry."""
+    guided = request(guidance=Guidance(pb.GUIDED_DECODING_MODE_EBNF_GRAMMAR, "root ::= "))
+    with pytest.raises(EngineFailure) as failure:
+        RequestStream(guided, eos_token_ids=(EOS,)).events(
+            output(CompletionOutput(0, "", [], finish_reason="error"), finished=True)
+        )
+    assert failure.value.code == pb.ERROR_CODE_INVALID_ARGUMENT and not failure.value.retryable
+    assert "could not compile" in failure.value.message
+    started = RequestStream(guided, eos_token_ids=(EOS,))
+    started.events(output(CompletionOutput(0, "a", [5])))
+    with pytest.raises(EngineFailure) as failure:  # after a token the grammar compiled: the engine failed
+        started.events(output(CompletionOutput(0, "", [], finish_reason="error"), finished=True))
+    assert failure.value.code == pb.ERROR_CODE_INTERNAL and failure.value.retryable
 
 
 def test_prefill_ends_with_its_final_transfer_params_as_the_session() -> None:

@@ -244,6 +244,23 @@ async def test_guided_decoding_constrains_the_text(
     assert finished(responses)[0].stop_match.HasField("eos_token_id")
 
 
+async def test_a_grammar_vllm_accepts_but_cannot_compile_is_a_final_invalid_argument(
+    stub: pb.OpenEngineStub, reference: Reference
+) -> None:
+    """xgrammar rejects this grammar, vLLM's fallback parser accepts it, and the engine's grammar
+    backend (xgrammar, fixed by its first guided request) fails it in the scheduler."""
+    regex = generate_request("xgrammar-first", prompt=PROMPT, stopping=no_eos(2), guided=pb.GuidedDecoding(regex="ab"))
+    await collect(stub, regex)
+    request = generate_request(
+        "uncompilable", prompt=PROMPT, stopping=no_eos(4), guided=pb.GuidedDecoding(ebnf_grammar="root ::= ")
+    )
+    responses = await collect(stub, request)
+    assert [r.WhichOneof("event") for r in responses] == ["error"]
+    error = responses[-1].error
+    assert error.code == pb.ERROR_CODE_INVALID_ARGUMENT and not error.retryable, error
+    assert responses[-1].usage.prompt_tokens == len(reference.encode(PROMPT))  # the prompt still counts
+
+
 async def test_priority_and_cache_options_run(stub: pb.OpenEngineStub) -> None:
     request = generate_request(
         "options",
