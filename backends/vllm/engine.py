@@ -98,7 +98,6 @@ class VllmBackend(Backend):
         self._stats_enabled = False
         self._loras: dict[str, Any] = {}
         self._pooling: PoolingEngine | None = None
-        self._transfer_backend = ""
         self._dp_rank = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -143,7 +142,6 @@ class VllmBackend(Backend):
         self._features = features
         role = capabilities.engine_role(config)
         transfer = config.kv_transfer_config
-        self._transfer_backend = transfer.kv_connector if transfer is not None and transfer.kv_connector else ""
         self._dp_rank = config.parallel_config.data_parallel_rank
         generation_config = model_config.try_get_generation_config()
         self._limits = mapping.EngineLimits(
@@ -156,6 +154,7 @@ class VllmBackend(Backend):
             guided_backend=capabilities.guided_backend(config, features),
             prompt_token_id_logprobs=features.prompt_token_id_logprobs,
             role=role,
+            transfer_backend=transfer.kv_connector if transfer is not None and transfer.kv_connector else "",
         )
         info = capabilities.model_info(config, features)
         self._pooling = self._pooling_engine(config, features)
@@ -229,7 +228,7 @@ class VllmBackend(Backend):
             request,
             eos_token_ids=self._limits.eos_token_ids,
             prefill=self._limits.role == pb.ENGINE_ROLE_PREFILL,
-            transfer_backend=self._transfer_backend,
+            transfer_backend=self._limits.transfer_backend,
             dp_rank=request.data_parallel_rank if request.data_parallel_rank is not None else self._dp_rank,
         )
         return self._run(request, prompt, params, plan, lora, stream)

@@ -45,6 +45,8 @@ class EngineLimits:
     prompt_token_id_logprobs: bool = False
     """The engine scores explicit prompt candidate ids (``prompt_logprob_token_ids``, runner V2)."""
     role: int = pb.ENGINE_ROLE_AGGREGATED
+    transfer_backend: str = ""
+    """The KV connector (``kv_transfer_config.kv_connector``): a decode's session must name it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ def plan_generation(request: GenerationRequest, limits: EngineLimits, *, prompt_
     sampling.update(_prompt_logprobs(request, limits, prompt_len))
     if request.bypass_prefix_cache:
         sampling["skip_reading_prefix_cache"] = True
-    transfer = kv_transfer_params(request, limits.role)
+    transfer = kv_transfer_params(request, limits)
     if transfer is not None:
         sampling["extra_args"] = {"kv_transfer_params": transfer}
     structured = guided_kwargs(request.guidance, limits.guided_backend) if request.guidance else None
@@ -220,18 +222,28 @@ def guided_kwargs(guidance: Guidance, engine_backend: str | None) -> dict[str, A
     return {_GUIDE_FIELDS[guidance.mode]: guidance.spec}
 
 
-def kv_transfer_params(request: GenerationRequest, role: int) -> dict[str, Any] | None:
+def kv_transfer_params(request: GenerationRequest, limits: EngineLimits) -> dict[str, Any] | None:
     """vLLM's ``kv_transfer_params`` for a disaggregated request (None when aggregated).
 
     A prefill asks the connector to keep the KV for a remote decode; a decode passes the
-    prefill's final parameters (its ``KvSessionRef`` attributes) back to the connector.
+    prefill's final parameters (its ``KvSessionRef`` attributes) back to the connector, once
+    the session is checked to come from this connector: given none, vLLM would quietly
+    prefill the prompt itself.
     """
-    if role == pb.ENGINE_ROLE_PREFILL:
+    if limits.role == pb.ENGINE_ROLE_PREFILL:
         return {"do_remote_decode": True, "do_remote_prefill": False}
-    if request.kv_session is not None:
-        params: dict[str, Any] = restore_numbers(dict(request.kv_session.attributes))
-        return params
-    return None
+    session = request.kv_session
+    if session is None:
+        return None
+    if session.transfer_backend != limits.transfer_backend:
+        raise InvalidArgument(
+            f"kv.session.transfer_backend {session.transfer_backend!r} is not this engine's KV connector "
+            f"({limits.transfer_backend!r})"
+        )
+    if not session.attributes:
+        raise InvalidArgument("kv.session carries no transfer parameters from its prefill (attributes)")
+    params: dict[str, Any] = restore_numbers(dict(session.attributes))
+    return params
 
 
 def restore_numbers(value: Any) -> Any:

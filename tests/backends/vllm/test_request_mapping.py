@@ -167,15 +167,32 @@ def test_prefill_engines_ask_the_connector_to_keep_kv_for_a_remote_decode() -> N
     assert plan["extra_args"] == {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
 
 
+DECODE = EngineLimits(
+    max_model_len=64, vocab_size=512, max_logprobs=20, role=pb.ENGINE_ROLE_DECODE, transfer_backend="NixlConnector"
+)
+
+
 def test_decode_requests_pass_the_prefill_params_back_with_their_int_types() -> None:
     attributes = {"remote_port": 5600.0, "remote_block_ids": [1.0, 2.0], "remote_host": "p0", "do_remote_prefill": True}
-    session = KvSession(session_id="s", attributes=attributes)
-    limits = EngineLimits(max_model_len=64, vocab_size=512, max_logprobs=20, role=pb.ENGINE_ROLE_DECODE)
-    plan = plan_generation(request(kv_session=session), limits, prompt_len=4).sampling
+    session = KvSession(session_id="s", transfer_backend="NixlConnector", attributes=attributes)
+    plan = plan_generation(request(kv_session=session), DECODE, prompt_len=4).sampling
     params = plan["extra_args"]["kv_transfer_params"]
     assert params == {"remote_port": 5600, "remote_block_ids": [1, 2], "remote_host": "p0", "do_remote_prefill": True}
     assert type(params["remote_port"]) is int and params["do_remote_prefill"] is True
     assert mapping.restore_numbers(0.5) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("session", "match"),
+    [
+        (KvSession("s", "bogus", attributes={"do_remote_prefill": True}), "'bogus' is not this engine's KV connector"),
+        (KvSession("s", "", attributes={"do_remote_prefill": True}), "'' is not this engine's KV connector"),
+        (KvSession("s", "NixlConnector"), "no transfer parameters"),  # vLLM would prefill it locally
+    ],
+)
+def test_decode_validates_the_session_and_its_transfer_backend(session: KvSession, match: str) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        plan_generation(request(kv_session=session), DECODE, prompt_len=4)
 
 
 def test_prefill_session_keeps_the_final_transfer_params() -> None:
