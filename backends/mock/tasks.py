@@ -6,7 +6,9 @@ vectors are causally smoothed, so each position depends on what precedes it:
 * Embed: dense sequence vectors are the mean of the token vectors, token vectors are the
   rows themselves; ``dimensions`` keeps the leading components (reduction, never padding),
   then ``normalize`` (default on for dense) scales each vector to unit length. Sparse
-  vectors are lexical weights over the vocabulary (default not normalized).
+  vectors are lexical weights, the vocabulary hashed into the same native dimension (token
+  id modulo the dimension), so the model has the one dimension it advertises (default not
+  normalized).
 * Classify: a seeded linear head over the same vectors gives logits, probabilities (softmax)
   or log-probabilities (log-softmax) for the configured labels, per sequence or per token.
 * Score: natively, the cosine similarity of the query (after the instruction) and the
@@ -132,17 +134,20 @@ class TaskModel:
         return outputs, pb.TaskUsage(input_tokens=total)
 
     def _sparse(self, tokens: list[int], granularity: int, normalize: bool) -> pb.SparseFloatTensor:
+        dimension = self._dimension
         if granularity == _TOKEN:
-            indices = [position * VOCAB_SIZE + token for position, token in enumerate(tokens)]
+            indices = [position * dimension + token % dimension for position, token in enumerate(tokens)]
             values = self._lexical[tokens]
-            shape = [len(tokens), VOCAB_SIZE]
+            shape = [len(tokens), dimension]
             if normalize:
                 values = np.ones_like(values)  # each row has one nonzero value
         else:
             ids, counts = np.unique(tokens, return_counts=True)
-            indices = ids.tolist()
-            values = (1.0 + np.log(counts)) * self._lexical[ids]
-            shape = [VOCAB_SIZE]
+            buckets, slots = np.unique(ids % dimension, return_inverse=True)
+            values = np.zeros(len(buckets))
+            np.add.at(values, slots, (1.0 + np.log(counts)) * self._lexical[ids])
+            indices = buckets.tolist()
+            shape = [dimension]
             if normalize:
                 values = _unit(values)
         return pb.SparseFloatTensor(shape=shape, indices=indices, values=values.astype(np.float32).tolist())

@@ -85,13 +85,14 @@ async def native_dimension(target: Target) -> None:
     granularity = (
         pb.TASK_OUTPUT_GRANULARITY_SEQUENCE if pb.TASK_OUTPUT_GRANULARITY_SEQUENCE in caps.granularities else None
     )
-    dense = pb.EMBEDDING_ENCODING_DENSE if pb.EMBEDDING_ENCODING_DENSE in caps.encodings else None
-    response = await _embed(target, caps, granularity=granularity, encoding=dense)
-    for index, output in enumerate(response.outputs):
-        shape = list(output.dense.shape)
-        sequence = output.granularity == pb.TASK_OUTPUT_GRANULARITY_SEQUENCE
-        if sequence and output.WhichOneof("embedding") == "dense" and shape != [caps.dimension]:
-            raise CheckFailed(f"outputs[{index}] has shape {shape}, the native dimension is {caps.dimension}")
+    encodings = [e for e in (pb.EMBEDDING_ENCODING_DENSE, pb.EMBEDDING_ENCODING_SPARSE) if e in caps.encodings]
+    for encoding in encodings or [None]:
+        response = await _embed(target, caps, granularity=granularity, encoding=encoding)
+        for index, output in enumerate(response.outputs):
+            kind = output.WhichOneof("embedding")
+            shape = list(output.dense.shape if kind == "dense" else output.sparse.shape)
+            if output.granularity == pb.TASK_OUTPUT_GRANULARITY_SEQUENCE and shape != [caps.dimension]:
+                raise CheckFailed(f"{kind} outputs[{index}]: shape {shape}, native dimension {caps.dimension}")
 
 
 @rule("embed.explicit-granularity", SECTION, _EXACT)

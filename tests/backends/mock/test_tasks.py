@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from openengine_backends.mock import MockBackend
+from openengine_backends.mock import MockBackend, MockSettings
 from openengine_backends.mock.tokenizer import BOS, VOCAB_SIZE, encode
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
@@ -61,7 +61,7 @@ async def test_token_embeddings_align_with_token_ids() -> None:
     assert np.allclose(np.linalg.norm(values(first.dense), axis=1), 1.0, atol=1e-5)
 
 
-async def test_sparse_embeddings_are_lexical_weights() -> None:
+async def test_sparse_embeddings_are_lexical_weights_in_the_native_dimension() -> None:
     async with engine() as backend:
         (sequence,), _ = await backend.embed(EmbedCall(CONTEXT, ITEMS[:1], encoding=pb.EMBEDDING_ENCODING_SPARSE))
         (unit,), _ = await backend.embed(
@@ -72,13 +72,15 @@ async def test_sparse_embeddings_are_lexical_weights() -> None:
         )
         with pytest.raises(InvalidArgument, match="dense"):
             await backend.embed(EmbedCall(CONTEXT, ITEMS, encoding=pb.EMBEDDING_ENCODING_SPARSE, dimensions=4))
+    dimension = MockSettings().embedding_dimension  # one native dimension, dense and sparse alike
     sparse = sequence.sparse
-    assert list(sparse.shape) == [VOCAB_SIZE] and list(sparse.indices) == sorted(set(encode("hello world")))
+    assert list(sparse.shape) == [dimension]
+    assert list(sparse.indices) == sorted({token % dimension for token in encode("hello world")})
     weights = dict(zip(sparse.indices, sparse.values, strict=True))
-    assert weights[ord("l")] > weights[ord("h")] * 0.5  # 'l' occurs three times
+    assert weights[ord("l") % dimension] > weights[ord("h") % dimension] * 0.5  # 'l' occurs three times
     assert math.isclose(np.linalg.norm(unit.sparse.values), 1.0, rel_tol=1e-5)
-    assert list(tokens.sparse.shape) == [3, VOCAB_SIZE]
-    assert list(tokens.sparse.indices) == [BOS, VOCAB_SIZE + 104, 2 * VOCAB_SIZE + 105]
+    assert list(tokens.sparse.shape) == [3, dimension]
+    assert list(tokens.sparse.indices) == [row * dimension + t % dimension for row, t in enumerate([BOS, 104, 105])]
     assert list(tokens.token_ids) == [BOS, 104, 105]
 
 
