@@ -85,8 +85,9 @@ async def native_dimension(target: Target) -> None:
     granularity = (
         pb.TASK_OUTPUT_GRANULARITY_SEQUENCE if pb.TASK_OUTPUT_GRANULARITY_SEQUENCE in caps.granularities else None
     )
-    encodings = [e for e in (pb.EMBEDDING_ENCODING_DENSE, pb.EMBEDDING_ENCODING_SPARSE) if e in caps.encodings]
-    for encoding in encodings or [None]:
+    known = (pb.EMBEDDING_ENCODING_DENSE, pb.EMBEDDING_ENCODING_SPARSE)
+    encodings: list[pb.EmbeddingEncoding.ValueType | None] = [e for e in known if e in caps.encodings]
+    for encoding in encodings or [None]:  # None: the model's default encoding
         response = await _embed(target, caps, granularity=granularity, encoding=encoding)
         for index, output in enumerate(response.outputs):
             kind = output.WhichOneof("embedding")
