@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, ClassVar, TypeVar
 
 from openengine_gateway import pb
 from openengine_gateway.errors import (
@@ -47,6 +47,8 @@ from .engine_args import engine_kwargs
 from .outputs import RequestStream
 from .pooling import PoolingEngine, PoolingModel, task_capabilities
 from .settings import VllmSettings
+
+T = TypeVar("T")
 
 _MODALITIES = {pb.MODALITY_IMAGE: "image", pb.MODALITY_VIDEO: "video", pb.MODALITY_AUDIO: "audio"}
 
@@ -331,15 +333,15 @@ class VllmBackend(Backend):
 
     async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
         """Embeddings through vLLM's pooling runner."""
-        return await self._pooler().embed(call, self._lora(call.context.lora_name))
+        return await _pooled(self._pooler().embed(call, self._lora(call.context.lora_name)))
 
     async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
         """Class scores through vLLM's pooling runner."""
-        return await self._pooler().classify(call, self._lora(call.context.lora_name))
+        return await _pooled(self._pooler().classify(call, self._lora(call.context.lora_name)))
 
     async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
         """Pair scores (pooling runner) or label-token scores (generate runner)."""
-        return await self._pooler().score(call, self._lora(call.context.lora_name))
+        return await _pooled(self._pooler().score(call, self._lora(call.context.lora_name)))
 
     def _pooler(self) -> PoolingEngine:
         if self._pooling is None:
@@ -412,6 +414,21 @@ class VllmBackend(Backend):
         if self._engine is None:
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the vLLM engine is not running")
         return self._engine
+
+
+async def _pooled(work: Awaitable[T]) -> T:
+    """A task call on the pooling runner: vLLM refusing an input (too long, a token outside the
+    vocabulary) refuses the call with INVALID_ARGUMENT; any other vLLM failure is an ``EngineFailure``."""
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        return await work
+    except VLLMValidationError as exc:
+        raise InvalidArgument(f"vLLM rejected the input: {exc}") from None
+    except (EngineFailure, RequestError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # broad on purpose: every other vLLM failure becomes one EngineFailure
+        raise engine_failure(exc) from exc
 
 
 def engine_failure(exc: BaseException) -> EngineFailure:

@@ -197,16 +197,25 @@ class PoolingEngine:
     async def encode(
         self, request_id: str, items: Sequence[TaskItem], params: Mapping[str, Any], lora: Any, priority: int | None
     ) -> list[Any]:
-        """Every item's final ``PoolingRequestOutput``, in order."""
+        """Every item's final ``PoolingRequestOutput``, in order.
+
+        The first item to fail fails the call and stops the others (vLLM aborts a request whose
+        stream is closed), so no item outlives its call.
+        """
         prompts = [item_prompt(item) for item in items]
         ids = [f"{request_id}#{index}" for index in range(len(items))]
         self._items[request_id] = ids
         try:
-            return await asyncio.gather(
-                *(self._one(i, prompt, params, lora, priority) for i, prompt in zip(ids, prompts, strict=True))
-            )
+            async with asyncio.TaskGroup() as group:
+                runs = [
+                    group.create_task(self._one(i, prompt, params, lora, priority))
+                    for i, prompt in zip(ids, prompts, strict=True)
+                ]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
         finally:
             self._items.pop(request_id, None)
+        return [run.result() for run in runs]
 
     async def _one(
         self, item_id: str, prompt: dict[str, Any], params: Mapping[str, Any], lora: Any, priority: int | None

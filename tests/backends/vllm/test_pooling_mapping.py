@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import pytest
 from openengine_backends.vllm import pooling
 from openengine_backends.vllm.pooling import PoolingModel
@@ -103,3 +106,24 @@ def test_task_prompts() -> None:
     assert pooling.item_prompt(TaskItem("a", token_ids=[1, 2])) == {"prompt_token_ids": [1, 2]}
     with pytest.raises(InvalidArgument, match="media"):
         pooling.item_prompt(TaskItem("a", media=(object(),)))  # type: ignore[arg-type]
+
+
+async def test_the_first_failing_item_fails_the_call_and_stops_the_others() -> None:
+    """No item outlives its call: closing a vLLM request stream aborts that request."""
+    closed: list[str] = []
+
+    class Engine:
+        async def encode(self, _prompt: object, _params: object, item_id: str, **_: object) -> AsyncIterator[object]:
+            try:
+                if item_id.endswith("#1"):
+                    raise ValueError("token id 99999 is out of vocabulary")
+                await asyncio.Event().wait()
+                yield None
+            finally:
+                closed.append(item_id)
+
+    engine = pooling.PoolingEngine(Engine(), EMBEDDER, dict)
+    items = (TaskItem("a", text="hi"), TaskItem("b", token_ids=[99_999]))
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        await engine.encode("call", items, {}, None, None)
+    assert sorted(closed) == ["call#0", "call#1"] and engine.item_ids("call") == ["call"]

@@ -110,6 +110,22 @@ async def test_unsupported_options_and_generation_are_rejected(embedder: Running
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+@pytest.mark.parametrize(
+    "item",
+    [
+        pb.TaskInput(item_id="long", token_ids=pb.TokenIds(ids=[5] * 600)),
+        pb.TaskInput(item_id="oov", token_ids=pb.TokenIds(ids=[5, 99_999])),
+    ],
+    ids=["longer-than-the-context", "out-of-vocabulary"],
+)
+async def test_input_vllm_refuses_is_invalid_argument(embedder: RunningGateway, item: pb.TaskInput) -> None:
+    """vLLM's own validation of a task input is the caller's error, never INTERNAL."""
+    request = pb.EmbedRequest(context=context(f"bad-{item.item_id}"), inputs=[item])
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await embedder.stub.Embed(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+
+
 async def test_the_generate_engine_serves_no_task(stub: pb.OpenEngineStub) -> None:
     request = pb.EmbedRequest(context=pb.TaskRequestContext(request_id="e", model="tiny"), inputs=inputs("x"))
     with pytest.raises(grpc.aio.AioRpcError) as error:
