@@ -12,7 +12,7 @@ from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure
 from ..spi.events import EventStream, OutputFinished, PrefillDone
-from ..spi.requests import GenerationRequest, Stopping
+from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping, TaskContext, TaskItem
 from .generation import pump_events
 from .state import GatewayState
 
@@ -101,9 +101,16 @@ class LifecycleService:
         """A minimal real inference fitting the engine's role; returns what it observed.
 
         Aggregated and decode engines generate one token; a prefill engine prefills a short
-        prompt and its KV session is released right away.
+        prompt and its KV session is released right away. An engine that advertises no
+        generation but Embed or Classify (a pooling model) embeds or classifies one input.
         """
         request_id = f"probe-{uuid.uuid4().hex}"
+        model = engine.model_info
+        if not model.HasField("generation") and model.HasField("tasks"):
+            for task in ("embed", "classify"):
+                caps = getattr(model.tasks, task)
+                if caps.HasField("supported") and caps.supported:
+                    return await _task_probe(engine, task, caps, request_id)
         text_ok = not engine.model_info.HasField("supports_text_input") or engine.model_info.supports_text_input
         request = GenerationRequest(
             request_id=request_id,
@@ -239,6 +246,24 @@ class LifecycleService:
             if load.HasField("active_kv_sessions"):
                 sessions = (sessions or 0) + load.active_kv_sessions
         return len(self._registry), sessions
+
+
+async def _task_probe(
+    engine: Engine, task: str, caps: pb.EmbedCapabilities | pb.ClassifyCapabilities, request_id: str
+) -> str:
+    """Embed or classify one short input, in the input type the task accepts."""
+    text = pb.TASK_INPUT_TYPE_TEXT in caps.input_types
+    item = TaskItem("probe", text="Hello") if text else TaskItem("probe", token_ids=[0])
+    context = TaskContext(request_id, engine.served_name)
+    try:
+        if task == "embed":
+            await engine.backend.embed(EmbedCall(context, (item,)))
+            return "embedded an input"
+        await engine.backend.classify(ClassifyCall(context, (item,)))
+        return "classified an input"
+    except BaseException:
+        await engine.backend.abort(request_id)
+        raise
 
 
 def _role_check(engine: Engine, expected: pb.EngineRole.ValueType, prefix: str) -> pb.HealthCheck:

@@ -10,7 +10,16 @@ from openengine_gateway import pb
 from openengine_gateway.contract.registry import ActiveRequest
 from openengine_gateway.core.lifecycle import LifecycleService, worst
 from openengine_gateway.errors import EngineFailure, InvalidArgument, NotFound, Unavailable, Unimplemented
-from openengine_gateway.spi import EventStream, GenerationRequest, KvSession, OutputFinished, PrefillDone, UsageReport
+from openengine_gateway.spi import (
+    ClassifyCall,
+    EmbedCall,
+    EventStream,
+    GenerationRequest,
+    KvSession,
+    OutputFinished,
+    PrefillDone,
+    UsageReport,
+)
 
 from tests.fakes import CoreParts, FakeBackend, engine_set, ready, scripted
 
@@ -346,6 +355,37 @@ async def test_prefill_probe_releases_its_session() -> None:
     response = await service(CoreParts(), backend).health(pb.HealthRequest(include_inference_probe=True))
     assert response.checks[-1].message == "prefill produced a KV session"
     assert backend.released_sessions == ["probe-session"]
+
+
+async def test_a_pooling_engine_is_probed_with_its_task() -> None:
+    """No generation advertised (a pooling model): the probe embeds, or classifies, one input."""
+    embeds = pb.EmbedCapabilities(supported=True, input_types=[pb.TASK_INPUT_TYPE_TEXT])
+    embedder = FakeBackend(model=pb.ModelInfo(tasks=pb.TaskCapabilities(embed=embeds)))
+    classifier = FakeBackend(
+        model=pb.ModelInfo(
+            tasks=pb.TaskCapabilities(
+                embed=pb.EmbedCapabilities(supported=False),
+                classify=pb.ClassifyCapabilities(supported=True, input_types=[pb.TASK_INPUT_TYPE_TOKEN_IDS]),
+            )
+        )
+    )
+    seen: list[EmbedCall | ClassifyCall] = []
+
+    async def embed(call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+        seen.append(call)
+        return [], pb.TaskUsage()
+
+    async def classify(call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+        seen.append(call)
+        raise EngineFailure(pb.ERROR_CODE_INTERNAL, "no classifier head")
+
+    embedder.on_embed, classifier.on_classify = embed, classify
+    probe = pb.HealthRequest(include_inference_probe=True)
+    assert (await service(CoreParts(), embedder).health(probe)).checks[-1].message == "embedded an input"
+    failed = await service(CoreParts(), classifier).health(probe)
+    assert failed.state == NOT_READY and failed.checks[-1].message == "no classifier head"
+    assert [item.text for item in seen[0].items] == ["Hello"] and list(seen[1].items[0].token_ids or []) == [0]
+    assert embedder.requests == classifier.requests == [] and classifier.aborted == [seen[1].context.request_id]
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,12 @@ async def test_input_vllm_refuses_is_invalid_argument(embedder: RunningGateway, 
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
 
 
+async def test_health_probes_an_embedding_engine_by_embedding(embedder: RunningGateway) -> None:
+    health = await embedder.stub.Health(pb.HealthRequest(include_inference_probe=True))
+    assert health.state == pb.HEALTH_STATE_READY, health
+    assert (health.checks[-1].name, health.checks[-1].message) == ("inference_probe", "embedded an input")
+
+
 async def test_the_generate_engine_serves_no_task(stub: pb.OpenEngineStub) -> None:
     request = pb.EmbedRequest(context=pb.TaskRequestContext(request_id="e", model="tiny"), inputs=inputs("x"))
     with pytest.raises(grpc.aio.AioRpcError) as error:
