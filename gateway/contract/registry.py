@@ -4,7 +4,8 @@ One registry per gateway. An accepted request is in flight until it ends; its id
 to a bounded window of finished ids, so ``Abort`` can answer ALREADY_FINISHED for recent
 requests and NOT_FOUND for ids it never saw (or forgot). An in-flight duplicate is rejected
 before acceptance with ALREADY_EXISTS. The in-flight count is also the admission limit and
-what ``Drain`` waits on.
+what ``Drain`` waits on. KV sessions get the same memory: the ids this gateway handed out in
+a ``PrefillReady`` or released by ``Abort``, so aborting one again is ALREADY_FINISHED.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class RequestRegistry:
         self._active: dict[str, ActiveRequest] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._finished_window = finished_window
+        self._sessions: OrderedDict[str, None] = OrderedDict()
+        """KV session ids handed out or released, most recent last, within the same window."""
         self._max_in_flight = max_in_flight
         self._changed = asyncio.Event()
 
@@ -95,6 +98,18 @@ class RequestRegistry:
     def in_flight(self) -> list[ActiveRequest]:
         """A snapshot of every in-flight request."""
         return list(self._active.values())
+
+    def remember_session(self, session_id: str) -> None:
+        """A KV session this gateway handed out (``PrefillReady``) or released (``Abort``)."""
+        sessions = self._sessions
+        sessions[session_id] = None
+        sessions.move_to_end(session_id)
+        if len(sessions) > self._finished_window:
+            sessions.popitem(last=False)
+
+    def knows_session(self, session_id: str) -> bool:
+        """True when the session was handed out or released inside the remembered window."""
+        return session_id in self._sessions
 
     def with_kv_session(self, session_id: str) -> list[ActiveRequest]:
         """In-flight requests attached to the KV session ``session_id``."""

@@ -128,6 +128,8 @@ class GenerationService:
             raise
         finally:
             self._registry.release(active, finished=not rejected)
+            if final is not None and final.HasField("prefill_ready"):
+                self._registry.remember_session(final.prefill_ready.kv_session.session_id)
             if pump is not None:
                 pump.cancel()
             if not finished:

@@ -181,7 +181,13 @@ class LifecycleService:
         for engine in self._engines:
             released = await engine.backend.abort_kv_session(session_id) or released
         if not attached and not released:
+            if self._registry.knows_session(session_id):
+                return pb.AbortResponse(
+                    status=pb.ABORT_STATUS_ALREADY_FINISHED,
+                    message=f"KV session {session_id!r} has nothing left to abort (pulled, expired or aborted)",
+                )
             raise NotFound(f"no KV session {session_id!r} is open")
+        self._registry.remember_session(session_id)
         return pb.AbortResponse(
             status=pb.ABORT_STATUS_ABORTED,
             message=f"KV session {session_id!r} aborted ({len(attached)} attached requests)",

@@ -21,8 +21,10 @@ from openengine_gateway.errors import (
 from openengine_gateway.spi import (
     GenerationEvent,
     GenerationRequest,
+    KvSession,
     LoraAdapter,
     OutputFinished,
+    PrefillDone,
     StopMatch,
     TokenDelta,
     TokenRecord,
@@ -278,6 +280,15 @@ async def test_an_engine_that_reports_cancellation_ends_the_stream_itself(monkey
     parts.registry.get("r2").abort("aborted by Abort")  # type: ignore[union-attr]
     (final,) = await asyncio.wait_for(collect(stream), 1)
     assert final.finished.reason == pb.FINISH_REASON_CANCELLED and final.finished.message == "aborted by Abort"
+
+
+async def test_a_handed_out_kv_session_is_remembered() -> None:
+    """So that Abort of it, once pulled or expired, is ALREADY_FINISHED rather than unknown."""
+    parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    backend.on_generate = scripted(UsageReport(3, 0), PrefillDone(KvSession("session-1")))
+    messages = await collect(service(parts, backend).generate(request()))
+    assert messages[-1].prefill_ready.kv_session.session_id == "session-1"
+    assert parts.registry.knows_session("session-1") and not parts.registry.knows_session("r1")
 
 
 async def test_abort_of_a_prefill_is_a_cancelled_error() -> None:

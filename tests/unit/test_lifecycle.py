@@ -111,6 +111,19 @@ async def test_abort_by_kv_session() -> None:
     assert (await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s2")))).status == 1
 
 
+async def test_aborting_a_session_again_is_already_finished() -> None:
+    """Idempotent, as for requests: a session the gateway released or handed out is not unknown."""
+    parts, backend = CoreParts(), FakeBackend()
+    backend.kv_sessions = {"s1"}
+    lifecycle = service(parts, backend)
+    first = await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s1")))
+    again = await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="s1")))
+    assert (first.status, again.status) == (pb.ABORT_STATUS_ABORTED, pb.ABORT_STATUS_ALREADY_FINISHED)
+    parts.registry.remember_session("pulled")  # handed out in a PrefillReady, since pulled by its decode
+    pulled = await lifecycle.abort(pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="pulled")))
+    assert pulled.status == pb.ABORT_STATUS_ALREADY_FINISHED and backend.released_sessions == ["s1"]
+
+
 async def test_abort_of_an_unknown_session() -> None:
     lifecycle = service(CoreParts(), FakeBackend())
     with pytest.raises(NotFound, match="'s9'"):

@@ -66,6 +66,15 @@ def test_finished_window_is_bounded() -> None:
     assert len(registry._finished) == 3  # bounded memory
 
 
+def test_remembered_kv_sessions_are_bounded_and_refreshed() -> None:
+    registry = RequestRegistry(finished_window=3)
+    for name in "abc":
+        registry.remember_session(name)
+    registry.remember_session("a")  # handed out, then aborted: the latest use counts
+    registry.remember_session("d")
+    assert [registry.knows_session(n) for n in "abcd"] == [True, False, True, True]
+
+
 def test_max_in_flight_is_resource_exhausted() -> None:
     registry = RequestRegistry(max_in_flight=2)
     first, second = active("a"), active("b")
