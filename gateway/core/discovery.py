@@ -116,6 +116,7 @@ class DiscoveryService:
                     routable.data_parallel_rank = rank
                 if _is_wildcard(routable.endpoint_addr.host):
                     routable.endpoint_addr.host = self._advertise_host
+                routable.replay_endpoint = _routable_url(routable.replay_endpoint, self._advertise_host)
         return response
 
 
@@ -123,6 +124,17 @@ def _connector(engine: Engine) -> pb.KvConnectorInfo:
     if engine.facts.kv_connector is not None:
         return engine.facts.kv_connector
     return pb.KvConnectorInfo(enabled=False)
+
+
+def _routable_url(url: str, advertise_host: str) -> str:
+    """A ``tcp://HOST:PORT`` endpoint (a ZMQ replay socket) with a bind wildcard host replaced,
+    like ``endpoint_addr``'s; anything else as it is."""
+    scheme, separator, address = url.partition("://")
+    host, colon, port = address.rpartition(":")
+    if not separator or not colon or not _is_wildcard(host):
+        return url
+    host = f"[{advertise_host}]" if ":" in advertise_host else advertise_host
+    return f"{scheme}://{host}:{port}"
 
 
 def _is_wildcard(host: str) -> bool:

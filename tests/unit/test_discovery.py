@@ -206,6 +206,32 @@ def test_wildcard_hosts_are_replaced(host: str) -> None:
     assert backend.event_sources[0].endpoint_addr.host == host  # the driver's list is not mutated
 
 
+@pytest.mark.parametrize(
+    ("replay", "advertised"),
+    [
+        ("tcp://*:5558", "tcp://node.example:5558"),
+        ("tcp://0.0.0.0:5558", "tcp://node.example:5558"),
+        ("tcp://[::]:5558", "tcp://node.example:5558"),
+        ("tcp://10.1.2.3:5558", "tcp://10.1.2.3:5558"),
+        ("ipc:///tmp/replay", "ipc:///tmp/replay"),
+        ("", ""),
+    ],
+)
+def test_a_replay_endpoint_is_routable_too(replay: str, advertised: str) -> None:
+    backend = FakeBackend()
+    backend.event_sources = [pb.KvEventSource(endpoint_addr=pb.KvEndpoint(host="*", port=5557), replay_endpoint=replay)]
+    (source,) = discovery(backend).kv_event_sources(pb.GetKvEventSourcesRequest()).sources
+    assert source.replay_endpoint == advertised
+
+
+def test_an_ipv6_advertise_host_is_bracketed_in_a_replay_endpoint() -> None:
+    backend = FakeBackend()
+    backend.event_sources = [pb.KvEventSource(replay_endpoint="tcp://*:5558")]
+    discovery_service = DiscoveryService(engine_set(backend), instance_id="gw-1", advertise_host="fd00::7")
+    (source,) = discovery_service.kv_event_sources(pb.GetKvEventSourcesRequest()).sources
+    assert source.replay_endpoint == "tcp://[fd00::7]:5558"
+
+
 @pytest.mark.parametrize("host", ["10.1.2.3", "node-7", "::1", "127.0.0.1"])
 def test_routable_hosts_are_kept(host: str) -> None:
     backend = FakeBackend()
