@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from .. import pb
 from ..contract.kv_events import KvEventHub
 from ..contract.runtime_events import RuntimeEventHub
 from ..engines import Engine, EngineSet
-from ..errors import EngineFailure, ResourceExhausted, Unimplemented
+from ..errors import EngineFailure, ResourceExhausted, Unavailable, Unimplemented
 from .background import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -42,19 +42,20 @@ class EventService:
         self.kv = KvEventHub(ranks, replay_batches=kv_replay_batches, subscriber_queue=subscriber_queue)
         self.runtime = RuntimeEventHub(subscriber_queue=subscriber_queue)
         self._pumps: list[asyncio.Task[None]] = []
+        self._stopped: dict[str, EngineFailure] = {}
+        """``kv`` / ``runtime`` → why an engine's source of that stream stopped: its hub's
+        subscribers were ended, and new ones are refused rather than left waiting forever."""
 
     def start(self) -> None:
         """Start pumping every engine's published events into the hubs."""
         for engine in self._engines:
             if engine.facts.publishes_kv_events:
                 what = f"{engine.served_name} KV events"
-                pump = self._pump(engine.backend.kv_events(), self._kv_publisher(engine), what, self.kv.close)
+                pump = self._pump(engine.backend.kv_events(), self._kv_publisher(engine), what, "kv")
                 self._pumps.append(self._background.spawn(pump, what))
             if engine.facts.publishes_runtime_events:
                 what = f"{engine.served_name} runtime events"
-                pump = self._pump(
-                    engine.backend.runtime_events(), self._runtime_publisher(engine), what, self.runtime.close
-                )
+                pump = self._pump(engine.backend.runtime_events(), self._runtime_publisher(engine), what, "runtime")
                 self._pumps.append(self._background.spawn(pump, what))
 
     def _kv_publisher(self, engine: Engine) -> Callable[[pb.KvEventBatch], None]:
@@ -77,21 +78,31 @@ class EventService:
 
         return publish
 
-    @staticmethod
     async def _pump(
-        source: AsyncIterator[T], publish: Callable[[T], None], what: str, close: Callable[[EngineFailure], None]
+        self, source: AsyncIterator[T], publish: Callable[[T], None], what: str, stream: Literal["kv", "runtime"]
     ) -> None:
         try:
             async for item in source:
                 publish(item)
+            log.error("the %s source ended", what)
+            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source ended", retryable=True)
         except Exception as exc:  # broad on purpose: a dead source must end its subscribers visibly
             log.exception("the %s source failed", what)
-            close(EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source failed: {exc}", retryable=True))
+            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source failed: {exc}", retryable=True)
+        self._stopped[stream] = failure
+        (self.kv if stream == "kv" else self.runtime).close(failure)
+
+    def _check_source(self, stream: Literal["kv", "runtime"]) -> None:
+        """UNAVAILABLE once an engine's source of ``stream`` has stopped: nothing would ever arrive."""
+        failure = self._stopped.get(stream)
+        if failure is not None:
+            raise Unavailable(f"{failure.message}; restart the gateway to subscribe again")
 
     async def subscribe_kv(self, request: pb.SubscribeKvEventsRequest) -> AsyncIterator[pb.SubscribeKvEventsResponse]:
         """Snapshot or replay, then live batches, until the client leaves or a terminal error."""
         if not any(engine.facts.publishes_kv_events for engine in self._engines):
             raise Unimplemented("no engine behind this gateway publishes KV events")
+        self._check_source("kv")
         self._check_capacity()
         queue = self.kv.subscribe(
             request.data_parallel_ranks,
@@ -110,6 +121,7 @@ class EventService:
         """Live runtime events of the requested types until the client leaves."""
         if not any(engine.facts.publishes_runtime_events for engine in self._engines):
             raise Unimplemented("no engine behind this gateway publishes runtime events")
+        self._check_source("runtime")
         self._check_capacity()
         queue = self.runtime.subscribe(request.types)
         try:

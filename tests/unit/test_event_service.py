@@ -10,7 +10,7 @@ import pytest
 from openengine_gateway import pb
 from openengine_gateway.core.background import BackgroundTasks
 from openengine_gateway.core.events import EventService
-from openengine_gateway.errors import InvalidArgument, Unimplemented
+from openengine_gateway.errors import InvalidArgument, Unavailable, Unimplemented
 
 from tests.fakes import FakeBackend, engine_set
 
@@ -102,6 +102,25 @@ async def test_a_dead_source_ends_subscribers_with_a_retryable_error() -> None:
         with pytest.raises(StopAsyncIteration):  # nothing follows the error; the stream ends (OK)
             await asyncio.wait_for(anext(stream), 1)
     await background.wait(1)
+    # Nothing would ever arrive on a new subscription: refused, not left waiting.
+    with pytest.raises(Unavailable, match="publisher socket closed; restart the gateway"):
+        await anext(events.subscribe_kv(pb.SubscribeKvEventsRequest()))
+    with pytest.raises(Unavailable, match="scheduler gone"):
+        await anext(events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest()))
+
+
+async def test_a_source_that_ends_is_a_dead_source() -> None:
+    backend = FakeBackend(publishes_kv_events=True)
+    backend.kv_queue.put_nowait(None)  # the driver's generator returns
+    events = EventService(engine_set(backend), BackgroundTasks())
+    subscriber = events.subscribe_kv(pb.SubscribeKvEventsRequest())
+    waiter = asyncio.ensure_future(anext(subscriber))
+    await asyncio.sleep(0)
+    events.start()
+    ended = await asyncio.wait_for(waiter, 1)
+    assert ended.error.retryable and "KV events source ended" in ended.error.message
+    with pytest.raises(Unavailable):
+        await anext(events.subscribe_kv(pb.SubscribeKvEventsRequest()))
 
 
 async def test_close_ends_subscriptions_as_draining() -> None:
