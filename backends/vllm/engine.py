@@ -232,8 +232,16 @@ class VllmBackend(Backend):
             prefill=self._limits.role == pb.ENGINE_ROLE_PREFILL,
             transfer_backend=self._limits.transfer_backend,
             dp_rank=request.data_parallel_rank if request.data_parallel_rank is not None else self._dp_rank,
+            token_text=self._token_text if request.prompt_logprobs is not None else None,
         )
         return self._run(request, prompt, params, plan, lora, stream)
+
+    def _token_text(self, token_id: int) -> str:
+        """One token's text, decoded as vLLM decodes its logprob tokens."""
+        from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
+
+        tokenizer = self._engine.tokenizer
+        return convert_ids_list_to_tokens(tokenizer, [token_id])[0] if tokenizer is not None else ""
 
     def _render(self, prompt: dict[str, Any]) -> dict[str, Any]:
         """vLLM's engine input for a text or token prompt: tokenized here, once, before acceptance."""

@@ -11,7 +11,7 @@ followed by the requested candidates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from openengine_gateway import pb
@@ -54,6 +54,7 @@ class RequestStream:
         "_prompt_ids",
         "_prompt_sent",
         "_request",
+        "_token_text",
         "_transfer_backend",
     )
 
@@ -65,8 +66,11 @@ class RequestStream:
         prefill: bool = False,
         transfer_backend: str = "",
         dp_rank: int = 0,
+        token_text: Callable[[int], str] | None = None,
     ) -> None:
+        """``token_text`` decodes a prompt token vLLM reports no text for (the first)."""
         self._request = request
+        self._token_text = token_text
         self._eos = tuple(eos_token_ids)
         self._prefill = prefill
         self._transfer_backend = transfer_backend
@@ -194,6 +198,7 @@ class RequestStream:
                 start=request.prompt_logprob_start,
                 explicit_ids=explicit,
                 explicit_scores=getattr(output, "prompt_token_id_logprobs", None),
+                token_text=self._token_text,
             )
         )
 
@@ -254,11 +259,13 @@ def prompt_records(
     start: int,
     explicit_ids: Sequence[int] | None = None,
     explicit_scores: Any = None,
+    token_text: Callable[[int], str] | None = None,
 ) -> list[TokenRecord]:
     """Prompt tokens from position ``start`` on; the first prompt token has no logprob.
 
     ``explicit_scores`` is vLLM's ``prompt_token_id_logprobs`` (rows from ``causal_row(start)``
-    on, one column per explicit id) when candidates were selected by id.
+    on, one column per explicit id) when candidates were selected by id. ``token_text`` gives
+    the text of a position vLLM scored nothing for (the first), which vLLM leaves undecoded.
     """
     rows = logprob_rows(prompt_logprobs)
     first_row = causal_row(start)
@@ -266,7 +273,8 @@ def prompt_records(
     for position in range(start, len(prompt_ids)):
         row = rows[position] if position < len(rows) else []
         if not row:
-            records.append(TokenRecord(prompt_ids[position]))
+            token_id = prompt_ids[position]
+            records.append(TokenRecord(token_id, token_text(token_id) if token_text is not None else ""))
             continue
         record = position_record(row, None)
         if explicit_ids is not None:

@@ -121,11 +121,11 @@ def test_explicit_candidate_ids_carry_no_rank_and_keep_request_order() -> None:
 def test_prompt_tokens_once_first_without_logprob_from_the_start_position() -> None:
     wanted = request(prompt_logprobs=LogprobRequest(CandidateSelection(TOP_N, top_n=1)))
     prompt = flat(None, [(10, -4.0, 7, "x"), (3, -0.1, 1, "y")], [(11, -0.3, 1, "z"), (11, -0.3, 1, "z")])
-    stream = RequestStream(wanted, eos_token_ids=(EOS,))
+    stream = RequestStream(wanted, eos_token_ids=(EOS,), token_text={0: "<s>"}.__getitem__)
     events = stream.events(output(CompletionOutput(0, "", [5]), prompt_logprobs=prompt))
     assert events[0] == PromptTokens(
         [
-            TokenRecord(0),
+            TokenRecord(0, "<s>"),  # vLLM decodes no text for the unscored first token: the driver does
             TokenRecord(10, "x", -4.0, 7, [Candidate(3, -0.1, "y", 1)]),
             TokenRecord(11, "z", -0.3, 1, [Candidate(11, -0.3, "z", 1)]),
         ]

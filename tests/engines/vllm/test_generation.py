@@ -59,6 +59,8 @@ async def test_greedy_ids_logprobs_and_candidates_equal_transformers(
     assert [t.token_id for t in prompt.tokens] == prompt_ids
     first = prompt.tokens[0]
     assert not first.HasField("logprob") and not first.HasField("rank") and not first.candidates
+    # Every prompt token carries its text, the unscored first one too.
+    assert [t.token for t in prompt.tokens] == [reference.tokenizer.decode([i]) for i in prompt_ids]
     for token, step in zip(prompt.tokens[1:], reference.prompt_steps(prompt_ids), strict=True):
         assert token.logprob == pytest.approx(step.logprob, abs=TOLERANCE) and token.rank == step.rank
         assert [c.token_id for c in token.candidates] == step.logprobs.topk(3).indices.tolist()
