@@ -195,7 +195,11 @@ class TrtllmBackend(Backend):
             )
         except ValueError as exc:
             raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
-        except RuntimeError as exc:  # "LLM is shutting down"
+        except RuntimeError as exc:
+            # Its executor refuses a request with a RequestError (executor/utils.py), a RuntimeError
+            # that names this request's fault; any other RuntimeError is "LLM is shutting down".
+            if type(exc).__name__ == "RequestError":
+                raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
             raise Unavailable(f"TensorRT-LLM cannot take requests: {exc}") from None
         self._handles[request.request_id] = handle
         tokenizer = llm.tokenizer

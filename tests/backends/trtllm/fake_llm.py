@@ -2,7 +2,8 @@
 
 What the driver depends on is reproduced from ``llmapi/llm.py`` and ``executor/result.py``:
 
-* ``generate_async`` submits at once (prompts over ``max_num_tokens`` are a ``ValueError``) and
+* ``generate_async`` submits at once (prompts over ``max_num_tokens`` are refused with a
+  ``ValueError``, or the executor's ``RequestError`` as newer versions raise) and
   returns one ``RequestOutput`` that every step mutates and yields again: token ids, text and
   logprobs are cumulative; ``await`` runs it to the end;
 * an EOS is left out of the output; a stop token id is trimmed unless
@@ -50,6 +51,10 @@ CONTEXTS: dict[int, RequestOutput] = {}
 """Context-only requests waiting for their generation side, across every fake engine."""
 ENGINES: list[LLM] = []
 """Every fake engine started since ``install``, for tests to look into."""
+
+
+class RequestError(RuntimeError):
+    """``tensorrt_llm.executor.utils.RequestError``: the executor refuses this request."""
 
 
 class Tokenizer:
@@ -269,6 +274,9 @@ class RequestOutput:
 class LLM:
     """``tensorrt_llm.LLM`` (PyTorch backend), its constructor and methods the driver calls."""
 
+    refusal: type[Exception] = ValueError
+    """How submission refuses a request: 1.2's ``ValueError``, or newer versions' ``RequestError``."""
+
     def __init__(
         self,
         model: str,
@@ -340,7 +348,7 @@ class LLM:
         )
         max_num_tokens = self.args.max_num_tokens
         if not self.args.enable_chunked_prefill and max_num_tokens and len(prompt) > max_num_tokens:
-            raise ValueError(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")
+            raise self.refusal(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")
         if (params.best_of or 1) > (self.args.max_batch_size or 1):
             raise ValueError("sampling_params.n cannot exceed max_batch_size")
         handle = RequestOutput(self, next(self._ids), prompt, params, **options)

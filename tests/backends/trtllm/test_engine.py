@@ -292,7 +292,12 @@ async def test_an_engine_without_a_tokenizer_takes_token_ids_only() -> None:
     assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_what_tensorrt_llm_refuses_at_submission_is_a_status() -> None:
+@pytest.mark.parametrize("refusal", [ValueError, fake_llm.RequestError])
+async def test_what_tensorrt_llm_refuses_at_submission_is_a_status(
+    monkeypatch: pytest.MonkeyPatch, refusal: type[Exception]
+) -> None:
+    """A refused request is the caller's INVALID_ARGUMENT, never a retryable UNAVAILABLE."""
+    monkeypatch.setattr(fake_llm.LLM, "refusal", refusal)
     async with serving(trtllm(max_num_tokens=4)) as running:
         code = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
