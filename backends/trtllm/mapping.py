@@ -197,7 +197,10 @@ def handoff_params(session: KvSession) -> dict[str, Any]:
             params["opaque_state"] = base64.b64decode(str(attributes["opaque_state"]), validate=True)
     except (ValueError, TypeError, binascii.Error) as exc:
         raise InvalidArgument(f"kv.session is not a TensorRT-LLM handoff: {exc}") from None
-    params.setdefault("ctx_dp_rank", session.dp_rank)
+    if "ctx_dp_rank" not in params and session.dp_rank:
+        # A prefill that reported no rank leaves it unset, as TensorRT-LLM's own handoff does: pinning
+        # rank 0 would be wrong for an attention-DP context engine, and older builds take no such field.
+        params["ctx_dp_rank"] = session.dp_rank
     endpoint = attributes.get("ctx_info_endpoint")
     if endpoint:
         params["ctx_info_endpoint"] = str(endpoint)

@@ -192,6 +192,15 @@ def test_the_handoff_survives_the_wire_types_preserved() -> None:
     assert plan.disaggregated == params
 
 
+def test_a_context_rank_is_passed_only_when_known() -> None:
+    unranked = prefill_session(handoff(ctx_dp_rank=None), transfer_backend="ucx")
+    assert "ctx_dp_rank" not in handoff_params(struct_round_trip(unranked))
+    explicit_zero = prefill_session(handoff(ctx_dp_rank=0), transfer_backend="ucx")
+    assert handoff_params(struct_round_trip(explicit_zero))["ctx_dp_rank"] == 0  # reported: kept
+    by_ref = dataclasses.replace(struct_round_trip(unranked), dp_rank=3)  # a KvSessionRef naming its rank
+    assert handoff_params(by_ref)["ctx_dp_rank"] == 3
+
+
 def test_a_session_tensorrt_llm_could_not_resolve_is_refused() -> None:
     state = base64.b64encode(b"s").decode()
     with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
