@@ -160,12 +160,17 @@ class TaskRunner:
 
     async def pool(self, context: TaskContext, items: Sequence[dict[str, Any]], rids: Sequence[str]) -> list[Any]:
         """Every item's result dictionary (``embedding``, ``meta_info``), in order."""
+        shared = self._shared(context)
+        return await self._run(self._embedding, [{**shared, **item} for item in items], rids)
+
+    def _shared(self, context: TaskContext) -> dict[str, Any]:
+        """The call's LoRA adapter and priority, as every one of its SGLang requests takes them."""
         shared: dict[str, Any] = {}
         if context.lora_name is not None:
             shared["lora_path"] = context.lora_name
         if context.priority is not None:
             shared["priority"] = sglang_priority(context.priority, self._limits)
-        return await self._run(self._embedding, [{**shared, **item} for item in items], rids)
+        return shared
 
     async def _run(self, kind: Callable[..., Any], items: Sequence[dict[str, Any]], rids: Sequence[str]) -> list[Any]:
         """Each item as its own non-streamed SGLang request; their final results, in order."""
@@ -212,12 +217,11 @@ class TaskRunner:
                 return await self._label_scores(call)
             return await self._likelihoods(call, rids)
         semantics, normalization = score_semantics(call, LOGITS)
-        pairs = [
-            {"text": [_text(group.query), _text(candidate)], "is_cross_encoder_request": True}
-            for group in call.groups
-            for candidate in group.candidates
-        ]
-        results = iter(await self.pool(call.context, pairs, rids))
+        # SGLang takes cross-encoder input only as a batch of [query, document] pairs with a rid
+        # each (its rerank path); the batch's one result is the list of every pair's, in order.
+        pairs = [[_text(group.query), _text(candidate)] for group in call.groups for candidate in group.candidates]
+        batch = self._embedding(rid=list(rids), text=pairs, is_cross_encoder_request=True, **self._shared(call.context))
+        results = iter(await self._engine.tokenizer_manager.generate_request(batch, None).__anext__())
         response = pb.ScoreResponse(granularity=SEQUENCE, semantics=semantics, normalization=normalization)
         response.higher_is_better = True
         used = []

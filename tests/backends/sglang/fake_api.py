@@ -154,7 +154,7 @@ class EmbeddingReqInput:
     """``io_struct.EmbeddingReqInput`` (the fields the driver sets)."""
 
     rid: str | list[str] | None = None
-    text: str | list[str] | None = None
+    text: str | list[str] | list[list[str]] | None = None
     input_ids: list[int] | None = None
     image_data: Any = None
     is_cross_encoder_request: bool = False

@@ -175,18 +175,26 @@ class TokenizerManager:
         assert isinstance(obj, GenerateReqInput)
         return self._generate(obj)
 
-    async def _encode(self, obj: EmbeddingReqInput) -> AsyncIterator[dict[str, Any]]:
+    async def _encode(self, obj: EmbeddingReqInput) -> AsyncIterator[Any]:
         if self.is_generation:
             raise ValueError("This model does not appear to be an embedding model by default.")
+        if isinstance(obj.text, list):  # a batch (normalize_batch_and_arguments): one rid per text
+            assert isinstance(obj.rid, list), "The rid should be a list."
+            pairs = obj.is_cross_encoder_request and all(isinstance(t, list) and len(t) == 2 for t in obj.text)
+            assert pairs, "the fake batches only cross-encoder [query, document] pairs"
+            yield [self._embedding(rid, " ".join(pair), obj) for rid, pair in zip(obj.rid, obj.text, strict=True)]
+            return
         assert isinstance(obj.rid, str)
-        text = obj.text if isinstance(obj.text, str) else " ".join(obj.text or ())
+        yield self._embedding(obj.rid, obj.text or "", obj)
+
+    def _embedding(self, rid: str, text: str, obj: EmbeddingReqInput) -> dict[str, Any]:
         ids = obj.input_ids if obj.input_ids is not None else Tokenizer().encode(text)
         if self.model_config.hf_config.id2label:
             embedding = [float(len(ids) % 3), -1.0]
         else:
             width = obj.dimensions or 4
             embedding = [round(math.sin(len(ids) + i), 6) for i in range(width)]
-        yield {"embedding": embedding, "meta_info": {"id": obj.rid, "prompt_tokens": len(ids)}}
+        return {"embedding": embedding, "meta_info": {"id": rid, "prompt_tokens": len(ids)}}
 
     async def _generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         """``generate_request`` for one streamed request, as SGLang runs and reports it."""

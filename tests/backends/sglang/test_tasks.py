@@ -58,8 +58,9 @@ async def test_cross_encoder_scores_on_a_classifier(fake: types.ModuleType) -> N
     )
     async with serving(sglang("/models/fake-classifier")) as running:
         response = await running.stub.Score(pb.ScoreRequest(context=context(), groups=[group]))
-    sent = fake_engine.ENGINES[0].tokenizer_manager.received
-    assert [(r.text, r.is_cross_encoder_request) for r in sent] == [(["what", "x"], True), (["what", "yz"], True)]
+    (sent,) = fake_engine.ENGINES[0].tokenizer_manager.received  # one batch of pairs, as SGLang's rerank sends
+    assert (sent.text, sent.is_cross_encoder_request) == ([["what", "x"], ["what", "yz"]], True)
+    assert isinstance(sent.rid, list) and len(sent.rid) == 2
     assert response.semantics == pb.TASK_VALUE_SEMANTICS_LOGITS and response.higher_is_better
     assert [len(c.scores.values) for c in response.groups[0].candidates] == [2, 2]
 
