@@ -350,11 +350,15 @@ def _integer(attributes: Mapping[str, Any], key: str) -> int:
     raise InvalidArgument(f"kv.session attribute {key} must be an integer, not {value!r}")
 
 
-def tokenize(tokenizer: Any, text: str) -> list[int]:
-    """Token ids as SGLang's tokenizer manager makes them (a fast tokenizer's call, else ``encode``)."""
+def tokenize(tokenizer: Any, text: str, *, special_tokens: bool = True) -> list[int]:
+    """Token ids as SGLang's tokenizer manager makes them (a fast tokenizer's call, else ``encode``).
+
+    ``special_tokens=False`` leaves out what the tokenizer adds (a BOS): for text that continues
+    other tokens rather than starting a sequence.
+    """
     if getattr(tokenizer, "is_fast", False):
-        return list(tokenizer(text)["input_ids"])
-    return list(tokenizer.encode(text))
+        return list(tokenizer(text, add_special_tokens=special_tokens)["input_ids"])
+    return list(tokenizer.encode(text, add_special_tokens=special_tokens))
 
 
 def text_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:

@@ -249,7 +249,8 @@ class TaskRunner:
             for candidate in group.candidates:
                 items.append(
                     {
-                        "input_ids": query + _ids(candidate, tokenizer),
+                        # The candidate continues the query: no second BOS between them.
+                        "input_ids": query + _ids(candidate, tokenizer, special_tokens=False),
                         "sampling_params": {"max_new_tokens": 0},
                         "return_logprob": True,
                         "logprob_start_len": len(query) - 1,
@@ -299,10 +300,12 @@ def _text(item: TaskItem) -> str:
     return item.text
 
 
-def _ids(item: TaskItem, tokenizer: Any) -> list[int]:
+def _ids(item: TaskItem, tokenizer: Any, *, special_tokens: bool = True) -> list[int]:
     if item.media:
         raise InvalidArgument("SGLang's causal-model scoring takes no media")
-    return tokenize(tokenizer, item.text) if item.text is not None else list(item.token_ids or ())
+    if item.text is None:
+        return list(item.token_ids or ())
+    return tokenize(tokenizer, item.text, special_tokens=special_tokens)
 
 
 def _input(item: TaskItem) -> str | list[int]:

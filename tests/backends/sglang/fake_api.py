@@ -31,11 +31,15 @@ class Tokenizer:
     eos_token_id = EOS
     additional_stop_token_ids = None
 
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text)}
+    bos: int | None = None
+    """A BOS id to start every encoding with (special tokens on); none by default."""
 
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) if 32 <= ord(c) < 127 else ord("?") for c in text]
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens=add_special_tokens)}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        start = [self.bos] if self.bos is not None and add_special_tokens else []
+        return start + [ord(c) if 32 <= ord(c) < 127 else ord("?") for c in text]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(piece(i) if i != EOS or not skip_special_tokens else "" for i in ids)

@@ -12,6 +12,7 @@ from openengine_gateway import pb
 from ..fake_serving import MODEL, serving
 from . import fake_engine
 from .conftest import sglang
+from .fake_api import Tokenizer
 
 
 def context(request_id: str = "t") -> pb.TaskRequestContext:
@@ -63,6 +64,19 @@ async def test_cross_encoder_scores_on_a_classifier(fake: types.ModuleType) -> N
     assert isinstance(sent.rid, list) and len(sent.rid) == 2
     assert response.semantics == pb.TASK_VALUE_SEMANTICS_LOGITS and response.higher_is_better
     assert [len(c.scores.values) for c in response.groups[0].candidates] == [2, 2]
+
+
+async def test_a_candidate_continues_its_query_without_a_second_bos(
+    fake: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a tokenizer that adds a BOS, only the query (the sequence's start) gets one."""
+    monkeypatch.setattr(Tokenizer, "bos", 1)
+    candidates = [pb.TaskInput(item_id="c", text=" so")]
+    group = pb.ScoreGroup(group_id="g", query=pb.TaskInput(item_id="q", text="is"), candidates=candidates)
+    async with serving(sglang()) as running:
+        await running.stub.Score(pb.ScoreRequest(context=context(), groups=[group]))
+    (sent,) = fake_engine.ENGINES[0].tokenizer_manager.received
+    assert sent.input_ids == [1, *(ord(c) for c in "is so")] and sent.logprob_start_len == 2
 
 
 async def test_label_token_scores_on_a_generation_model(fake: types.ModuleType) -> None:
