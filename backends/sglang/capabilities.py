@@ -68,6 +68,19 @@ class EngineState:
     matryoshka: bool = False
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
+    reserved_tokens: int = 0
+    """Output slots SGLang reserves per request on top of its tokens (EAGLE speculative decoding's
+    draft tokens, ``TokenizerManager.num_reserved_tokens``): they count against the context."""
+
+    @property
+    def max_context(self) -> int:
+        """Prompt plus output tokens one request may hold."""
+        return self.max_req_input_len + _RESERVED - self.reserved_tokens
+
+    @property
+    def max_prompt(self) -> int:
+        """The longest prompt SGLang admits."""
+        return self.max_req_input_len - 1 - self.reserved_tokens
 
     @property
     def page_size(self) -> int:
@@ -109,6 +122,7 @@ def engine_state(manager: Any, server: dict[str, Any]) -> EngineState:
             getattr(tokenizer, "additional_stop_token_ids", None),
             config.hf_eos_token_id,
         ),
+        reserved_tokens=int(getattr(manager, "num_reserved_tokens", 0) or 0),
     )
 
 
@@ -141,8 +155,8 @@ def engine_limits(state: EngineState) -> EngineLimits:
     """The per-request mapping's view of the engine."""
     server = state.server
     return EngineLimits(
-        max_context=state.max_req_input_len + _RESERVED,
-        max_prompt=state.max_req_input_len - 1,
+        max_context=state.max_context,
+        max_prompt=state.max_prompt,
         vocab_size=state.vocab_size,
         eos_token_ids=state.eos_token_ids,
         sampling_defaults=state.sampling_defaults,
@@ -173,7 +187,7 @@ def model_info(state: EngineState) -> pb.ModelInfo:
     server = state.server
     info = pb.ModelInfo(
         model_id=str(server.get("model_path") or ""),
-        max_context_length=state.max_req_input_len + _RESERVED,
+        max_context_length=state.max_context,
         kv_block_size=state.page_size,
         supports_text_input=state.has_tokenizer,
         supports_token_ids_input=True,

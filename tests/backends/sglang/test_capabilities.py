@@ -26,6 +26,14 @@ def engine(**args: Any) -> EngineState:
     return EngineState(server=server(**args), context_len=4096, max_req_input_len=4090, vocab_size=32000)
 
 
+def test_speculative_reserved_tokens_count_against_the_context() -> None:
+    """EAGLE's draft tokens take output slots: SGLang counts them on top of every request."""
+    state = replace(engine(), reserved_tokens=6)
+    assert capabilities.model_info(state).max_context_length == 4094 - 6
+    limits = capabilities.engine_limits(state)
+    assert (limits.max_context, limits.max_prompt) == (4094 - 6, 4089 - 6)
+
+
 def test_model_info_from_the_started_engine() -> None:
     info = capabilities.model_info(engine(page_size=16, tokenizer_mode="auto", reasoning_parser="qwen3"))
     assert info.model_id == "/models/m"
