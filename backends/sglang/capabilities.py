@@ -167,6 +167,7 @@ def engine_limits(state: EngineState) -> EngineLimits:
         dp_size=dp_size(server),
         role=engine_role(server),
         transfer_backend=transfer_backend(server),
+        has_tokenizer=state.has_tokenizer,
     )
 
 

@@ -78,6 +78,8 @@ class EngineLimits:
     dp_size: int = 1
     role: pb.EngineRole.ValueType = pb.ENGINE_ROLE_AGGREGATED
     transfer_backend: str = ""
+    has_tokenizer: bool = True
+    """False under ``--skip-tokenizer-init``: SGLang then refuses stop strings and min_tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +187,9 @@ def _stopping(request: GenerationRequest, limits: EngineLimits, prompt_len: int 
         raise InvalidArgument(f"stopping.min_tokens ({stopping.min_tokens}) exceeds the output budget ({budget})")
     if len(stopping.stop_texts) > MAX_STOP_STRINGS:
         raise InvalidArgument(f"SGLang takes at most {MAX_STOP_STRINGS} stop strings")
+    if not limits.has_tokenizer and (stopping.stop_texts or stopping.min_tokens):
+        # SGLang would fail these after acceptance (sampling_params.raise_if_tokenizer_required).
+        raise InvalidArgument("this SGLang engine runs without a tokenizer: stop strings and min_tokens need one")
     _check_vocab(stopping.stop_token_ids, limits, "stop_token_id")
     values: dict[str, Any] = {
         "max_new_tokens": budget,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from openengine_backends.sglang.mapping import (
     JSON_OBJECT_SCHEMA,
@@ -107,6 +109,14 @@ def test_stopping_maps_to_sglangs_names() -> None:
         sampling_of(request(stopping=Stopping(stop_texts=tuple(str(i) for i in range(33)))))
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
         sampling_of(request(stopping=Stopping(stop_token_ids=(500,))))
+
+
+@pytest.mark.parametrize("stopping", [Stopping(stop_texts=("x",)), Stopping(min_tokens=2)], ids=["text", "min"])
+def test_without_a_tokenizer_what_needs_one_is_refused_before_acceptance(stopping: Stopping) -> None:
+    tokenless = replace(LIMITS, has_tokenizer=False)
+    with pytest.raises(InvalidArgument, match="without a tokenizer"):
+        sampling_of(request(stopping=stopping), tokenless)
+    assert sampling_of(request(stopping=Stopping(stop_token_ids=(3,))), tokenless)["stop_token_ids"] == [3]
 
 
 def test_one_logprob_configuration_is_the_union_of_both_sides() -> None:
