@@ -46,6 +46,9 @@ _CANDIDATE_MODES = (
     pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL,
 )
 _ROLES = {"prefill": pb.ENGINE_ROLE_PREFILL, "decode": pb.ENGINE_ROLE_DECODE}
+_HANDOFF_TOP_LOGPROBS = 128
+"""Top candidates a prefill hands its decode with the first token (the default capacity of
+SGLang's disaggregation ``MetadataBuffers``, which its scheduler does not change)."""
 _RESERVED = 4
 """SGLang admits prompts below ``max_req_input_len = max_req_len - 5`` and outputs up to
 ``max_req_len - prompt - 1`` tokens: the usable context is ``max_req_input_len + 4``."""
@@ -234,12 +237,32 @@ def guided_capabilities(backend: str | None) -> pb.GuidedDecodingCapabilities:
     return pb.GuidedDecodingCapabilities(supported=True, modes=GUIDED_MODES_BY_BACKEND.get(backend, ()))
 
 
+def handoff_logprob_capabilities(vocab_size: int) -> pb.LogprobCapabilities:
+    """Output logprobs of a disaggregated engine: top N within what a prefill hands its decode.
+
+    The first token's scores travel in the handoff's metadata: more top candidates than it holds
+    fail the prefill, and it carries no explicit-id scores (the decode reports that row empty).
+    """
+    top_n = pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N
+    return pb.LogprobCapabilities(
+        supported=True, candidate_selection_modes=[top_n], max_top_n=min(vocab_size, _HANDOFF_TOP_LOGPROBS)
+    )
+
+
 def generation_capabilities(state: EngineState) -> pb.GenerationCapabilities:
-    """Logprob, guided-decoding and scheduling options the engine honours."""
+    """Logprob, guided-decoding and scheduling options the engine honours.
+
+    A disaggregated engine computes no prompt logprobs (the decode skips the prompt, and the
+    driver ends a prefill's stream at its handoff) and hands over only the top candidates.
+    """
     server = state.server
+    if engine_role(server) == pb.ENGINE_ROLE_AGGREGATED:
+        prompt = output = logprob_capabilities(state.vocab_size)
+    else:
+        prompt, output = pb.LogprobCapabilities(supported=False), handoff_logprob_capabilities(state.vocab_size)
     return pb.GenerationCapabilities(
-        prompt_logprobs=logprob_capabilities(state.vocab_size),
-        output_logprobs=logprob_capabilities(state.vocab_size),
+        prompt_logprobs=prompt,
+        output_logprobs=output,
         guided_decoding=guided_capabilities(grammar_backend(server) if state.has_tokenizer else None),
         supports_priority=bool(server.get("enable_priority_scheduling")),
         supports_stop_in_output=True,
@@ -381,6 +404,7 @@ __all__ = [
     "generation_capabilities",
     "grammar_backend",
     "guided_capabilities",
+    "handoff_logprob_capabilities",
     "kv_connector",
     "kv_event_publishers",
     "kv_event_sources",

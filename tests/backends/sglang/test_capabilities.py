@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from openengine_backends.sglang import capabilities
 from openengine_backends.sglang.capabilities import EngineState
 from openengine_backends.sglang.tasks import task_capabilities
@@ -24,6 +25,15 @@ def server(**args: Any) -> dict[str, Any]:
 
 def engine(**args: Any) -> EngineState:
     return EngineState(server=server(**args), context_len=4096, max_req_input_len=4090, vocab_size=32000)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_a_disaggregated_engine_offers_the_logprobs_its_handoff_carries(mode: str) -> None:
+    generation = capabilities.generation_capabilities(engine(disaggregation_mode=mode))
+    assert generation.prompt_logprobs.HasField("supported") and not generation.prompt_logprobs.supported
+    output = generation.output_logprobs
+    assert list(output.candidate_selection_modes) == [pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N]
+    assert output.supported and output.max_top_n == 128  # SGLang's handoff metadata capacity
 
 
 def test_speculative_reserved_tokens_count_against_the_context() -> None:
