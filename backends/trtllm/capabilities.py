@@ -108,7 +108,8 @@ def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max
         guided_backend=args.guided_decoding_backend,
         priority="priority" in accepted and "priority" in policy,
         cache_salt="cache_salt" in accepted,
-        max_top_logprobs=max_top_logprobs,
+        # Its speculative samplers return only the sampled token's logprob (``validate_request``).
+        max_top_logprobs=1 if getattr(args, "speculative_config", None) is not None else max_top_logprobs,
         eos_token_ids=eos_ids(llm),
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,

@@ -175,6 +175,7 @@ class TorchLlmArgs(_Strict):
     enable_lora: bool = False
     lora_config: dict[str, Any] | None = None
     enable_attention_dp: bool = False
+    speculative_config: dict[str, Any] | None = None
     backend: str | None = None
 
 

@@ -68,6 +68,12 @@ def test_the_started_engine_is_read_off_its_arguments_statistics_and_signature()
     assert without_stats.total_kv_blocks is None
 
 
+def test_speculative_decoding_offers_only_the_sampled_tokens_logprob() -> None:
+    """TensorRT-LLM's speculative samplers refuse more than one logprob per token."""
+    assert features(llm()).max_top_logprobs == 20
+    assert features(llm(speculative_config=SimpleNamespace(decoding_type="Eagle"))).max_top_logprobs == 1
+
+
 def test_priority_is_advertised_only_when_taken_and_scheduled_by() -> None:
     assert not features(llm(accepts_priority=True)).priority
     ordered = SimpleNamespace(waiting_queue_policy="WaitingQueuePolicy.PRIORITY")
