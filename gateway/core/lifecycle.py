@@ -111,7 +111,7 @@ class LifecycleService:
                 caps = getattr(model.tasks, task)
                 if caps.HasField("supported") and caps.supported:
                     return await _task_probe(engine, task, caps, request_id)
-        text_ok = not engine.model_info.HasField("supports_text_input") or engine.model_info.supports_text_input
+        text_ok = not model.HasField("supports_text_input") or model.supports_text_input
         request = GenerationRequest(
             request_id=request_id,
             model=engine.served_name,
