@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..client import ClientError
 from .errors import BenchError
 from .plots import require_matplotlib, write_plots
 from .prompts import load_prompts
-from .records import Target
+from .records import Target, distinct
 from .report import to_json, to_text
 from .runner import Connection, RunOptions, benchmark
 from .stats import compare
@@ -180,9 +181,11 @@ async def run(argv: Sequence[str]) -> int:
         spec, options = _workload(args), _options(args)
     except ValueError as error:
         parser.error(str(error))
+    if spec.request_rate == math.inf and options.num_requests is None and options.concurrency is None:
+        parser.error("at an infinite request rate, bound the run with --num-requests or cap it with --concurrency")
     if args.report is not None:
         require_matplotlib()
-    targets: list[Target] = args.target
+    targets = distinct(args.target)
     connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
     runs = await benchmark(
         targets, Workload(spec), options, connection, progress=not args.no_progress and sys.stderr.isatty()

@@ -67,7 +67,7 @@ def write_plots(runs: Sequence[TargetRun], directory: Path) -> list[Path]:
     figure = _figure("Output throughput over time", "seconds since start", "output tokens/s")
     axes = figure.axes[0]
     for run in runs:
-        series = throughput_over_time(run.records, run.duration_s)
+        series = throughput_over_time([r for r in run.records if r.ok], run.duration_s)  # as the summary counts
         axes.plot([t for t, _ in series], [rate for _, rate in series], label=run.target.label)
     if axes.has_data():
         axes.legend()

@@ -19,31 +19,33 @@ class Progress:
         self.enabled = enabled
         self.done = 0
         self.failed = 0
-        self._started = time.monotonic()
+        self._elapsed = 0.0
+        """Seconds into the measured phase (the records' clock: warm-up is not counted)."""
         self._drawn = 0.0
 
     def update(self, record: RequestRecord) -> None:
         """Count a finished request (a callback of the runner)."""
         self.done += 1
         self.failed += not record.ok
+        self._elapsed = max(self._elapsed, record.ended)
         now = time.monotonic()
         if now - self._drawn >= 0.1 or self.done == self.total:
             self._drawn = now
-            self._draw(now)
+            self._draw()
 
     def close(self) -> None:
         """Draw the final state and end the line."""
-        self._draw(time.monotonic())
+        self._draw()
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()
 
-    def _draw(self, now: float) -> None:
+    def _draw(self) -> None:
         if not self.enabled:
             return
         done = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
         failed = f", {self.failed} failed" if self.failed else ""
-        self.stream.write(f"\r{self.label}: {done} requests{failed} [{now - self._started:.1f}s]")
+        self.stream.write(f"\r{self.label}: {done} requests{failed} [{self._elapsed:.1f}s]")
         self.stream.flush()
 
 

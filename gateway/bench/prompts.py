@@ -40,10 +40,10 @@ def synthetic_text(rng: random.Random, length: int) -> str:
 def load_prompts(path: Path) -> tuple[PromptEntry, ...]:
     """The prompts of ``path``.
 
-    A ``.jsonl`` file holds one object a line, ``{"prompt": "...", "output_len": 128}`` (the output
-    length is optional); any other file holds one prompt a line. Blank lines are skipped.
+    A ``.jsonl`` (or ``.json``) file holds one object a line, ``{"prompt": "...", "output_len": 128}``
+    (the output length is optional); any other file holds one prompt a line. Blank lines are skipped.
     """
-    jsonl = path.suffix == ".jsonl"
+    jsonl = path.suffix in (".jsonl", ".json")
     entries: list[PromptEntry] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -6,7 +6,9 @@ so records of one target line up for throughput over time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,8 @@ class Target:
 
     address: str
     model: str = ""
+    name: str = ""
+    """How reports name the target; empty: its address and model."""
 
     @classmethod
     def parse(cls, text: str) -> Target:
@@ -27,7 +31,20 @@ class Target:
     @property
     def label(self) -> str:
         """How reports name the target."""
+        if self.name:
+            return self.name
         return f"{self.address}/{self.model}" if self.model else self.address
+
+
+def distinct(targets: Sequence[Target]) -> list[Target]:
+    """``targets`` with labels told apart: a target given again (an A/A run) is ``LABEL #2``..."""
+    seen: Counter[str] = Counter()
+    named = []
+    for target in targets:
+        seen[target.label] += 1
+        repeat = seen[target.label]
+        named.append(target if repeat == 1 else replace(target, name=f"{target.label} #{repeat}"))
+    return named
 
 
 @dataclass
@@ -72,4 +89,4 @@ class TargetRun:
     records: list[RequestRecord]
 
 
-__all__ = ["RequestRecord", "Target", "TargetRun"]
+__all__ = ["RequestRecord", "Target", "TargetRun", "distinct"]

@@ -1,10 +1,16 @@
 """Drive targets with the workload and record the receive time of every streamed message.
 
 Targets run one after another, never interleaved: each gets the whole client (its CPU, its event
-loop, the network path) to itself, so one engine's load cannot inflate another's latencies, and
-a target that fails outright does not disturb the others. The price is that slow drift of the
-client machine shows up between targets; the warm-up requests before each measured phase, and the
-identical seeded workload, keep that small.
+loop, the network path) to itself, so one engine's load cannot inflate another's latencies. Every
+target is connected to before any is measured, so an unreachable one ends the run before it has
+cost anything; a target that fails requests only fails its own. The price is that slow drift of
+the client machine shows up between targets; the warm-up requests before each measured phase, and
+the identical seeded workload, keep that small.
+
+A request counts as completed when its stream ends with every output finished (STOP or LENGTH)
+and nothing else: one that ends with an error, is cancelled by the engine (an ``Abort``, a drain)
+or ends without its finish is failed, under its error code, ``FINISH_REASON_CANCELLED`` or
+``INCOMPLETE_STREAM``.
 
 A fixed concurrency keeps that many requests in flight (each worker sends the next request when
 its previous one ends). A request rate sends each request at its arrival time from the workload,
@@ -16,6 +22,7 @@ gets the same ones), then waits for the requests in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +59,12 @@ class RunOptions:
             raise ValueError("bound the run by a number of requests, a duration, or both")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("the number of requests must be at least 1")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("the duration must be positive")
+        if self.warmup < 0:
+            raise ValueError("the number of warm-up requests cannot be negative")
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,7 @@ class _Sender:
             ignore_eos=options.ignore_eos,
         )
         record = RequestRecord(request.index, self.clock())
+        ended = False
         try:
             async for response in self._client.stream(message, timeout_s=options.timeout_s):
                 received = self.clock()
@@ -96,8 +110,11 @@ class _Sender:
                     record.message_tokens.append(len(response.token.tokens))
                     record.token_ids.extend(t.token_id for t in response.token.tokens)
                 elif kind == "error":
-                    record.error = pb.ErrorCode.Name(response.error.code)
-                if response.HasField("usage"):
+                    record.error = _error_code(response.error.code)
+                elif kind == "finished" and response.finished.reason == pb.FINISH_REASON_CANCELLED:
+                    record.error = "FINISH_REASON_CANCELLED"
+                if response.HasField("usage"):  # set on the final response only
+                    ended = True
                     usage = response.usage
                     record.prompt_tokens = usage.prompt_tokens
                     record.completion_tokens = usage.completion_tokens
@@ -105,6 +122,8 @@ class _Sender:
                         record.cached_prompt_tokens = usage.cached_prompt_tokens
         except StatusError as error:
             record.error = error.code.name
+        if record.error is None and not ended:
+            record.error = "INCOMPLETE_STREAM"
         record.ended = self.clock()
         if self._on_done is not None:
             self._on_done(record)
@@ -150,11 +169,12 @@ async def _request_rate(
         for index in itertools.count():
             request = workload.request(index)
             assert request.send_at is not None, "a request-rate workload gives every request an arrival time"
-            if (limit is not None and index >= limit) or (deadline is not None and request.send_at >= deadline):
+            # The clock, not only the arrival time: at an infinite rate every arrival is at 0.
+            late = deadline is not None and max(request.send_at, send.clock()) >= deadline
+            if (limit is not None and index >= limit) or late:
                 break
             delay = request.send_at - send.clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await asyncio.sleep(max(delay, 0))  # at least a turn of the loop, so sent requests run
             if in_flight is not None:
                 await in_flight.acquire()
             group.create_task(one(request))
@@ -195,21 +215,32 @@ async def benchmark(
 ) -> list[TargetRun]:
     """Run ``workload`` against every target in turn, with a progress line on stderr if asked."""
     runs: list[TargetRun] = []
-    for target in targets:
-        client = await OpenEngineClient.connect(
-            target.address,
-            token=connection.token,
-            root_certificates=connection.root_certificates,
-            tls=connection.tls,
-            check_compatibility=False,
-        )
-        line = Progress(target.label, options.num_requests, enabled=progress)
-        try:
-            async with client:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = []
+        for target in targets:
+            client = await OpenEngineClient.connect(
+                target.address,
+                token=connection.token,
+                root_certificates=connection.root_certificates,
+                tls=connection.tls,
+                check_compatibility=False,
+            )
+            clients.append(await stack.enter_async_context(client))
+        for target, client in zip(targets, clients, strict=True):
+            line = Progress(target.label, options.num_requests, enabled=progress)
+            try:
                 runs.append(await run_target(client, target, workload, options, line.update))
-        finally:
-            line.close()
+            finally:
+                line.close()
     return runs
+
+
+def _error_code(code: pb.ErrorCode.ValueType) -> str:
+    """An ``ErrorCode``'s name; one this client does not know (a newer server's) by its number."""
+    try:
+        return pb.ErrorCode.Name(code)
+    except ValueError:
+        return f"ERROR_CODE_{code}"
 
 
 __all__ = ["Connection", "OnDone", "RunOptions", "benchmark", "run_target"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .arrivals import arrival_offsets
 from .errors import WorkloadError
@@ -124,9 +124,17 @@ class Workload:
 
     def warmup(self, count: int) -> list[BenchRequest]:
         """``count`` requests shaped like the workload but drawn from another seed (so they warm
-        the engine, not the prefix cache for the measured prompts), with no arrival times."""
-        source = _requests(self.spec, random.Random(f"{self.spec.seed}:warmup"))
-        return list(itertools.islice(source, count))
+        the engine, not the prefix cache for the measured prompts), with no arrival times.
+
+        A prompts file's prompts would be the measured ones: warm-up sends synthetic text of the
+        same lengths (and output lengths) instead.
+        """
+        rng = random.Random(f"{self.spec.seed}:warmup")
+        spec = self.spec
+        if spec.prompts:
+            stand_ins = tuple(PromptEntry(synthetic_text(rng, len(p.text)), p.output_length) for p in spec.prompts)
+            spec = replace(spec, prompts=stand_ins)
+        return list(itertools.islice(_requests(spec, rng), count))
 
 
 def _requests(spec: WorkloadSpec, rng: random.Random) -> Iterator[BenchRequest]:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from openengine_backends.mock import MockBackend, MockSettings
+from openengine_gateway import pb
 from openengine_gateway.bench import Lengths, ReportError, Workload, WorkloadSpec, require_matplotlib
 from openengine_gateway.bench.cli import run
+from openengine_gateway.bench.progress import Progress
+from openengine_gateway.bench.prompts import load_prompts
+from openengine_gateway.bench.records import RequestRecord, Target, distinct
+from openengine_gateway.bench.runner import RunOptions, _Sender, benchmark
+from openengine_gateway.bench.workload import BenchRequest
 from openengine_gateway.cli import main
+from openengine_gateway.client import ClientError
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 
@@ -94,3 +103,96 @@ def test_a_report_without_matplotlib_fails_before_the_run(monkeypatch: pytest.Mo
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
     with pytest.raises(ReportError, match=r"openengine-gateway\[bench\]"):
         require_matplotlib()
+
+
+async def test_an_infinite_rate_for_a_duration_stops_at_the_deadline(gateway: RunningGateway, tmp_path: Path) -> None:
+    """Every arrival is at 0 at an infinite rate: the clock, not the arrival, ends the sending."""
+    argv = [
+        *("--target", f"{gateway.address}/a", "--request-rate", "inf", "--concurrency", "2", "--duration", "0.2"),
+        *("--prompt-len", "8", "--output-len", "2", "--warmup", "0", "--json", str(tmp_path / "inf.json")),
+        "--no-progress",
+    ]
+    assert await asyncio.wait_for(run(argv), 30) == 0
+    (target,) = json.loads((tmp_path / "inf.json").read_text())["targets"]
+    assert target["requests"] == target["completed"] > 0 and target["duration_s"] < 5
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("--request-rate", "inf", "--duration", "1"), ("--warmup", "-1"), ("--duration", "-1"), ("--num-requests", "0")],
+)
+def test_unbounded_or_negative_loads_are_usage_errors(extra: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        asyncio.run(run(["--target", "127.0.0.1:1/m", *extra]))
+    assert exited.value.code == 2
+
+
+async def test_a_cancelled_or_unfinished_stream_is_a_failed_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completed means every output finished: an engine's cancellation, or a stream cut short, is a failure."""
+    endings = {
+        0: [pb.GenerateResponse(token=pb.TokenOutput(output_index=0, tokens=[pb.TokenInfo(token_id=5)]))],
+        1: [pb.GenerateResponse(finished=pb.GenerationFinished(output_index=0, reason=pb.FINISH_REASON_CANCELLED))],
+        2: [pb.GenerateResponse(error=pb.EngineError(code=999))],  # a code this client does not know
+        3: [pb.GenerateResponse(finished=pb.GenerationFinished(output_index=0, reason=pb.FINISH_REASON_LENGTH))],
+    }
+    for responses in endings.values():
+        responses[-1].usage.completion_tokens = 1
+
+    class Client:
+        def __init__(self) -> None:
+            self.sent = 0
+
+        async def stream(self, _message: object, timeout_s: float | None = None) -> AsyncIterator[pb.GenerateResponse]:
+            index, self.sent = self.sent, self.sent + 1
+            for response in endings[index]:
+                yield response
+
+    endings[0][0].ClearField("usage")  # the first stream just stops, its finish never sent
+    client = Client()
+    records = [await _Sender(client, Target("t"), RunOptions(), None)(request) for request in _requests(4)]  # type: ignore[arg-type]
+    assert [r.error for r in records] == ["INCOMPLETE_STREAM", "FINISH_REASON_CANCELLED", "ERROR_CODE_999", None]
+
+
+def _requests(count: int) -> list[BenchRequest]:
+    return [BenchRequest(i, "x", 1) for i in range(count)]
+
+
+async def test_warm_up_never_sends_the_prompts_files_prompts(tmp_path: Path) -> None:
+    """Those are the measured prompts: warming them would fill the prefix cache for the run."""
+    prompts = tmp_path / "p.json"  # JSON lines in a .json file are JSON lines too
+    prompts.write_text('{"prompt": "alpha beta gamma", "output_len": 3}\n{"prompt": "delta epsilon"}\n')
+    spec = WorkloadSpec(prompts=load_prompts(prompts))
+    warm = Workload(spec).warmup(4)
+    assert {r.prompt for r in warm}.isdisjoint({"alpha beta gamma", "delta epsilon"})
+    assert sorted({(len(r.prompt), r.max_tokens) for r in warm}) == [(13, 64), (16, 3)]
+
+
+async def test_every_target_is_reached_before_any_is_measured(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unreachable second target ends the run before the first has been measured for nothing."""
+    sent: list[BenchRequest] = []
+
+    async def send(_self: _Sender, request: BenchRequest) -> None:
+        sent.append(request)
+
+    monkeypatch.setattr(_Sender, "__call__", send)
+    targets = [Target(gateway.address, "a"), Target("127.0.0.1:1", "m")]
+    with pytest.raises(ClientError):
+        await benchmark(targets, Workload(WorkloadSpec()), RunOptions(num_requests=2))
+    assert sent == []
+
+
+def test_a_target_given_twice_gets_a_label_of_its_own() -> None:
+    same = Target.parse("h:1/m")
+    labels = [t.label for t in distinct([same, Target.parse("h:1"), same, same])]
+    assert labels == ["h:1/m", "h:1", "h:1/m #2", "h:1/m #3"]
+
+
+def test_progress_counts_time_on_the_measured_clock() -> None:
+    """Warm-up is not part of the elapsed time shown: records carry the measured phase's clock."""
+    out = io.StringIO()
+    line = Progress("t", 2, stream=out)
+    line.update(RequestRecord(0, started=0.0, ended=1.25))
+    line.update(RequestRecord(1, started=0.5, ended=2.5, error="UNAVAILABLE"))
+    assert out.getvalue().endswith("\rt: 2/2 requests, 1 failed [2.5s]")
