@@ -168,6 +168,9 @@ def kv_connector(config: Any) -> pb.KvConnectorInfo | None:
         transfer_backend=transfer.kv_connector,
         supports_remote_prefill=role == pb.ENGINE_ROLE_DECODE,
         supports_decode_pull=role == pb.ENGINE_ROLE_DECODE,
+        # A finished prefill's KV stays with the connector until its decode pulls it or vLLM's
+        # own timeout passes: vLLM has no call that releases it on Abort.
+        supports_abort_cleanup=False,
     )
 
 

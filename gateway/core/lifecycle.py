@@ -184,7 +184,8 @@ class LifecycleService:
             if self._registry.knows_session(session_id):
                 return pb.AbortResponse(
                     status=pb.ABORT_STATUS_ALREADY_FINISHED,
-                    message=f"KV session {session_id!r} has nothing left to abort (pulled, expired or aborted)",
+                    message=f"KV session {session_id!r} holds nothing an Abort can release (pulled, expired, "
+                    "released, or freed by its engine alone)",
                 )
             raise NotFound(f"no KV session {session_id!r} is open")
         self._registry.remember_session(session_id)

@@ -89,7 +89,11 @@ def test_role_and_connector_from_the_kv_transfer_config() -> None:
         assert caps.engine_role(config) == expected
     decode = caps.kv_connector(VllmConfig(kv_transfer_config=KVTransferConfig("NixlConnector", "kv_consumer")))
     assert decode == pb.KvConnectorInfo(
-        enabled=True, transfer_backend="NixlConnector", supports_remote_prefill=True, supports_decode_pull=True
+        enabled=True,
+        transfer_backend="NixlConnector",
+        supports_remote_prefill=True,
+        supports_decode_pull=True,
+        supports_abort_cleanup=False,  # vLLM frees a handed-off prefill's KV only on pull or its timeout
     )
 
 
