@@ -223,6 +223,9 @@ class RemoteBackend(Backend):
         except grpc.aio.AioRpcError as error:
             status = StatusError.from_rpc_error(error)
             if not accepted:
+                # Refused: nothing of ours runs there. Aborting the id would hit whoever holds it
+                # on the remote (its ALREADY_EXISTS means another client's request).
+                done = True
                 raise responses.rejection(status.code.name, status.details, status.retry_after_ms) from None
             raise responses.stream_failure(status.code.name, status.details) from None
         finally:

@@ -103,6 +103,9 @@ async def test_a_remote_rejection_is_the_same_status_before_acceptance() -> None
         with pytest.raises(grpc.aio.AioRpcError) as duplicate:
             await collect(front, generate("front", "dup"))
         assert duplicate.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        await asyncio.sleep(0.2)  # the front must not abort the id: it is another client's request
+        holder = behind.gateway.registry.get("dup")
+        assert holder is not None and not holder.aborted
         busy.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as unknown:  # never accepted, so never finished
             await front.stub.Abort(pb.AbortRequest(request_id="bad"))
