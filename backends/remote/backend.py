@@ -22,7 +22,7 @@ import grpc
 from openengine_gateway import pb
 from openengine_gateway.client import ClientError, IncompatibleServer, OpenEngineClient, StatusError
 from openengine_gateway.engines import ConfigurationError
-from openengine_gateway.errors import Unavailable
+from openengine_gateway.errors import EngineFailure, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -345,6 +345,21 @@ class RemoteBackend(Backend):
         checks = [pb.HealthCheck(name="remote", state=health.state, message=f"{target} is {state}")]
         checks.extend(check for check in health.checks if check.name != "grpc")
         return checks
+
+    async def inference_probe(self) -> str:
+        """The remote's own inference probe, which fits its role (a decode engine takes no
+        request without a KV session, so a probe through ``generate`` would be refused there)."""
+        request = pb.HealthRequest(include_inference_probe=True, model=self.remote_model)
+        try:
+            health = await self.client.health(request, timeout_s=self.options.call_timeout_s)
+        except (ClientError, Unavailable) as exc:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"{self.options.target}: {exc}", retryable=True) from None
+        check = next((c for c in health.checks if c.name == "inference_probe"), None)
+        if check is None:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the remote reported no inference probe")
+        if check.state != pb.HEALTH_STATE_READY:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"the remote's probe: {check.message}", retryable=True)
+        return f"the remote's probe: {check.message}"
 
     def kv_event_sources(self) -> list[pb.KvEventSource]:
         """The remote's engine-native publishers, as it listed them at start."""

@@ -100,10 +100,15 @@ class LifecycleService:
     async def probe(self, engine: Engine) -> str:
         """A minimal real inference fitting the engine's role; returns what it observed.
 
-        Aggregated and decode engines generate one token; a prefill engine prefills a short
-        prompt and its KV session is released right away. An engine that advertises no
-        generation but Embed or Classify (a pooling model) embeds or classifies one input.
+        A driver with a probe of its own (``Backend.inference_probe``, a proxy's remote) runs
+        that. Otherwise aggregated and decode engines generate one token; a prefill engine
+        prefills a short prompt and its KV session is released right away. An engine that
+        advertises no generation but Embed or Classify (a pooling model) embeds or classifies
+        one input.
         """
+        own = await engine.backend.inference_probe()
+        if own is not None:
+            return own
         request_id = f"probe-{uuid.uuid4().hex}"
         model = engine.model_info
         if not model.HasField("generation") and model.HasField("tasks"):

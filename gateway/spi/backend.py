@@ -163,6 +163,15 @@ class Backend(ABC):
         """
         return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="engine started")]
 
+    async def inference_probe(self) -> str | None:
+        """Run the engine's own minimal inference for ``Health``; return what it observed.
+
+        ``None`` (the default) lets the gateway probe through ``generate`` (one token, or a
+        prefill whose session it releases), which fits an engine that takes requests without a
+        KV session. Raise (an ``EngineFailure``) when the probe fails.
+        """
+        return None
+
     def kv_event_sources(self) -> list[pb.KvEventSource]:
         """Engine-native KV event publishers (for example a ZMQ endpoint per DP rank)."""
         return []

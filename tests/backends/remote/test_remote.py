@@ -216,6 +216,16 @@ async def test_auto_asks_the_remote_what_it_publishes() -> None:
     assert facts.publishes_kv_events and facts.publishes_runtime_events  # a quiet open stream counts
 
 
+@pytest.mark.parametrize("role", ["aggregated", "prefill", "decode"])
+async def test_the_inference_probe_is_the_remotes_own(role: str) -> None:
+    """A decode engine takes no request without a KV session: the remote probes itself, its own way."""
+    async with front_and_back(mock={"role": role}) as (front, _, _):
+        health = await front.stub.Health(pb.HealthRequest(include_inference_probe=True))
+    assert health.state == pb.HEALTH_STATE_READY, health
+    assert health.checks[-1].name == "inference_probe"
+    assert health.checks[-1].message.startswith("the remote's probe: ")
+
+
 async def test_health_is_not_ready_while_the_remote_is_unreachable() -> None:
     async with back() as (behind, _):
         backend = remote(behind.address)
@@ -224,6 +234,8 @@ async def test_health_is_not_ready_while_the_remote_is_unreachable() -> None:
         (check,) = await backend.check_health()
         assert check.name == "remote" and check.state == pb.HEALTH_STATE_NOT_READY
         assert (await backend.load()) == pb.LoadInfo()  # unknown, not an error
+        with pytest.raises(EngineFailure):
+            await backend.inference_probe()
     finally:
         await backend.stop()
 
