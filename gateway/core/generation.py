@@ -102,6 +102,8 @@ class GenerationService:
                 events, pump = pump_events(source)
             active.stop = lambda _reason: self._stop(engine, parsed.request_id, events)
             active.on_failure = events.fail
+            if engine.role == pb.ENGINE_ROLE_PREFILL:
+                events.on_abandoned = lambda session: self._release(engine, session.session_id)
             encoder = GenerateEncoder(
                 parsed.request_id,
                 num_outputs=parsed.sampling.num_sequences,
@@ -112,7 +114,7 @@ class GenerationService:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
         telemetry = self._telemetry
-        rejected = failed = False
+        rejected = failed = written = False
         final: pb.GenerateResponse | None = None
         try:
             clock = telemetry.clock() if telemetry is not None else None
@@ -120,6 +122,7 @@ class GenerationService:
                 failed = message.HasField("error")
                 final = message
                 yield message
+            written = True  # grpc asks for the next message once the last one is written
             # Only a successful stream leaves nothing running: after an error (the driver's, or a
             # contract violation while the driver still runs) the driver is told to abort too.
             finished = encoder.done and not active.aborted and not failed
@@ -129,13 +132,22 @@ class GenerationService:
         finally:
             self._registry.release(active, finished=not rejected)
             if final is not None and final.HasField("prefill_ready"):
-                self._registry.remember_session(final.prefill_ready.kv_session.session_id)
+                session_id = final.prefill_ready.kv_session.session_id
+                if written:
+                    self._registry.remember_session(session_id)
+                else:  # the client went away while its handoff was being written
+                    self._release(engine, session_id)
             if pump is not None:
                 pump.cancel()
             if not finished:
+                events.cancel()  # nobody reads it any more: what the driver still puts is dropped
                 self._background.spawn(engine.backend.abort(parsed.request_id), f"abort {parsed.request_id}")
             if telemetry is not None and not rejected:
                 _account(telemetry, final, finished=finished, failed=failed, aborted=active.aborted)
+
+    def _release(self, engine: Engine, session_id: str) -> None:
+        """Free a prefill's KV session that no client received (the stream ended before its handoff)."""
+        self._background.spawn(engine.backend.abort_kv_session(session_id), f"release {session_id}")
 
     def _stop(self, engine: Engine, request_id: str, events: EventStream) -> None:
         """Abort path: end the stream now (open outputs finish CANCELLED) and tell the driver.

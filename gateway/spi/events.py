@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import pb
@@ -138,10 +138,13 @@ class EventStream:
     ``max_tokens``). Events must not be touched by the producer after ``put``.
 
     ``cancel`` (core only) drops what is pending and ends the stream at once; the core then
-    finishes every open output as CANCELLED.
+    finishes every open output as CANCELLED. The latest usage report outlives it (the final
+    response still counts what the request used). A ``PrefillDone`` that will never be read
+    (dropped by ``cancel``, or put after the stream closed) goes to ``on_abandoned``: no
+    client knows its session's id, so only the core can release the KV it holds.
     """
 
-    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled")
+    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled", "on_abandoned")
 
     def __init__(self) -> None:
         self._pending: deque[GenerationEvent] = deque()
@@ -149,6 +152,8 @@ class EventStream:
         self._closed = False
         self._error: BaseException | None = None
         self.cancelled = False
+        self.on_abandoned: Callable[[KvSession], object] | None = None
+        """Called with the session of each ``PrefillDone`` nobody will read."""
 
     @property
     def closed(self) -> bool:
@@ -158,6 +163,8 @@ class EventStream:
     def put(self, event: GenerationEvent) -> None:
         """Queue an event, merging token deltas of the same output that are still unread."""
         if self._closed:
+            if type(event) is PrefillDone:
+                self._abandon(event)
             return
         pending = self._pending
         if pending and type(event) is TokenDelta:
@@ -184,12 +191,23 @@ class EventStream:
             self._wake()
 
     def cancel(self) -> None:
-        """Drop pending events and end now (the request was aborted), even after ``fail``."""
+        """Drop pending events but the latest usage and end now (the request was aborted), even after ``fail``."""
         self.cancelled = True
-        self._pending.clear()
+        pending = self._pending
+        for event in pending:
+            if type(event) is PrefillDone:
+                self._abandon(event)
+        usage = next((event for event in reversed(pending) if type(event) is UsageReport), None)
+        pending.clear()
+        if usage is not None:
+            pending.append(usage)
         self._error = None
         self._closed = True
         self._wake()
+
+    def _abandon(self, event: PrefillDone) -> None:
+        if self.on_abandoned is not None:
+            self.on_abandoned(event.session)
 
     def _wake(self) -> None:
         waiter = self._waiter

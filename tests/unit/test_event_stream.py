@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openengine_gateway import pb
 from openengine_gateway.errors import EngineFailure
-from openengine_gateway.spi import EventStream, OutputFinished, TokenDelta, TokenRecord, UsageReport
+from openengine_gateway.spi import (
+    EventStream,
+    KvSession,
+    OutputFinished,
+    PrefillDone,
+    TokenDelta,
+    TokenRecord,
+    UsageReport,
+)
 
 from tests.fakes import ready
 
@@ -101,15 +109,33 @@ async def test_fail_after_finish_is_ignored() -> None:
     assert await ready(stream) == []
 
 
-async def test_cancel_drops_pending_events() -> None:
+async def test_cancel_drops_pending_events_but_the_latest_usage() -> None:
+    """The final response of an aborted request still counts what it used."""
     stream = EventStream()
+    stream.put(UsageReport(1, 0))
     stream.put(delta(0, 1))
     stream.put(UsageReport(1, 1))
+    stream.put(delta(0, 2))
     stream.cancel()
     assert stream.cancelled and stream.closed
+    assert await ready(stream) == [UsageReport(1, 1)]
+    stream.put(delta(0, 3))
     assert await ready(stream) == []
-    stream.put(delta(0, 2))
-    assert await ready(stream) == []
+
+
+async def test_a_prefill_done_nobody_will_read_is_abandoned() -> None:
+    """No client learnt its session's id, so only the core can free the KV it holds."""
+    abandoned: list[str] = []
+    dropped, late, read = EventStream(), EventStream(), EventStream()
+    for stream in (dropped, late, read):
+        stream.on_abandoned = lambda session: abandoned.append(session.session_id)
+    dropped.put(PrefillDone(KvSession("dropped")))
+    dropped.cancel()
+    late.cancel()
+    late.put(PrefillDone(KvSession("late")))
+    read.put(PrefillDone(KvSession("read")))
+    assert await ready(dropped) == [] and len(await ready(read)) == 1
+    assert abandoned == ["dropped", "late"]
 
 
 async def test_cancel_after_finish_still_drops_what_is_unread() -> None:

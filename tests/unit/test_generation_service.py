@@ -302,6 +302,39 @@ async def test_abort_of_a_prefill_is_a_cancelled_error() -> None:
     assert await collect(stream) == []
 
 
+async def test_an_aborted_prefill_releases_the_session_no_client_received() -> None:
+    """Its PrefillDone was still unread when the abort dropped it: the engine's KV would have no owner."""
+    parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    backend.kv_sessions.add("s1")
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(UsageReport(3, 0))
+    backend.streams["r1"].put(PrefillDone(KvSession("s1")))
+    parts.registry.get("r1").abort("aborted by Abort")  # type: ignore[union-attr]
+    message = await asyncio.wait_for(waiter, 1)
+    assert message.error.code == pb.ERROR_CODE_CANCELLED and message.usage.prompt_tokens == 3
+    assert await collect(stream) == []
+    await parts.background.wait(1)
+    assert backend.released_sessions == ["s1"]
+
+
+async def test_a_prefill_whose_client_went_away_releases_its_unread_session() -> None:
+    parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
+    backend.kv_sessions.add("s1")
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(UsageReport(3, 0))
+    backend.streams["r1"].put(PrefillDone(KvSession("s1")))
+    waiter.cancel()  # the client went away before the handoff was read
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await stream.aclose()
+    await parts.background.wait(1)
+    assert backend.released_sessions == ["s1"]
+
+
 async def test_client_going_away_aborts_the_driver() -> None:
     parts, backend = CoreParts(), FakeBackend()
     stream = service(parts, backend).generate(request())
