@@ -59,6 +59,8 @@ class RequestRegistry:
         """KV session ids handed out or released, most recent last, within the same window."""
         self._max_in_flight = max_in_flight
         self._changed = asyncio.Event()
+        self.version = 0
+        """Counts admits and releases (``wait_changed(since=...)``)."""
 
     def admit(self, request: ActiveRequest) -> None:
         """Register an accepted request, or reject a duplicate id / a full gateway."""
@@ -118,14 +120,18 @@ class RequestRegistry:
     def __len__(self) -> int:
         return len(self._active)
 
-    async def wait_changed(self, within_s: float | None) -> None:
-        """Return after the next admit/release, or after ``within_s`` seconds."""
+    async def wait_changed(self, within_s: float | None, *, since: int | None = None) -> None:
+        """Return after the next admit/release, or after ``within_s`` seconds; at once when one
+        happened after ``version`` was ``since``."""
+        if since is not None and since != self.version:
+            return
         changed = self._changed
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within_s):  # not wait_for: on 3.11 it can swallow a cancel
                 await changed.wait()
 
     def _notify(self) -> None:
+        self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -215,13 +215,19 @@ class LifecycleService:
         deadline = loop.time() + request.deadline_ms / 1000 if request.HasField("deadline_ms") else None
         counts = await self._counts()
         yield _drain_response(pb.DRAIN_STATE_STARTED, counts, "drain started")
+        reported = counts
         try:
             aborted = False
             while True:
+                seen = self._registry.version  # before reading: a change from here on ends the wait below
+                counts = await self._counts()
                 in_flight, sessions = counts
                 if in_flight == 0 and not sessions:
                     yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
                     return
+                if counts != reported:
+                    yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, counts, "draining")
+                    reported = counts
                 now = loop.time()
                 if deadline is not None and now >= deadline and not aborted:
                     if not request.abort_after_deadline:
@@ -241,11 +247,7 @@ class LifecycleService:
                 wait = self._progress_interval
                 if deadline is not None and not aborted:
                     wait = min(wait, max(deadline - now, 0.0))
-                await self._registry.wait_changed(wait)
-                latest = await self._counts()
-                if latest != counts and latest[0] + (latest[1] or 0) > 0:
-                    yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, latest, "draining")
-                counts = latest
+                await self._registry.wait_changed(wait, since=seen)
         except Exception as exc:  # broad on purpose: after STARTED, a failure is one terminal EngineError
             log.exception("drain failed after it started")
             yield pb.DrainResponse(error=as_failure(exc).to_proto())

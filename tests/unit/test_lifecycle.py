@@ -28,10 +28,17 @@ NOT_READY = pb.HEALTH_STATE_NOT_READY
 
 
 def service(
-    parts: CoreParts, *backends: FakeBackend | tuple[FakeBackend, str], probe_timeout: float = 5.0
+    parts: CoreParts,
+    *backends: FakeBackend | tuple[FakeBackend, str],
+    probe_timeout: float = 5.0,
+    drain_progress_interval: float = 0.01,
 ) -> LifecycleService:
     return LifecycleService(
-        engine_set(*backends), parts.registry, parts.state, probe_timeout=probe_timeout, drain_progress_interval=0.01
+        engine_set(*backends),
+        parts.registry,
+        parts.state,
+        probe_timeout=probe_timeout,
+        drain_progress_interval=drain_progress_interval,
     )
 
 
@@ -190,6 +197,18 @@ async def test_drain_reports_progress_until_complete() -> None:
     complete = await anext(stream)
     assert states([complete]) == ["DRAIN_STATE_COMPLETE"] and complete.in_flight_requests == 0
     assert await ready(stream) == []
+
+
+async def test_a_release_while_progress_is_being_sent_is_not_missed() -> None:
+    """The last request ending while IN_PROGRESS is written completes the drain now, not an interval later."""
+    parts = CoreParts()
+    first, second = admit(parts, "a"), admit(parts, "b")
+    stream = service(parts, FakeBackend(), drain_progress_interval=60).drain(pb.DrainRequest())
+    await anext(stream)
+    finish(parts, first)
+    assert states([await asyncio.wait_for(anext(stream), 1)]) == ["DRAIN_STATE_IN_PROGRESS"]
+    finish(parts, second)  # the stream is suspended at its IN_PROGRESS message
+    assert states([await asyncio.wait_for(anext(stream), 1)]) == ["DRAIN_STATE_COMPLETE"]
 
 
 async def test_drain_counts_open_kv_sessions() -> None:
