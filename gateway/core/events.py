@@ -38,6 +38,7 @@ class EventService:
         self._engines = engines
         self._background = background
         self._max_subscriptions = max_subscriptions
+        self._open = 0
         ranks = sorted({rank for engine in engines for rank in engine.ranks.ranks})
         self.kv = KvEventHub(ranks, replay_batches=kv_replay_batches, subscriber_queue=subscriber_queue)
         self.runtime = RuntimeEventHub(subscriber_queue=subscriber_queue)
@@ -45,6 +46,12 @@ class EventService:
         self._stopped: dict[str, EngineFailure] = {}
         """``kv`` / ``runtime`` → why an engine's source of that stream stopped: its hub's
         subscribers were ended, and new ones are refused rather than left waiting forever."""
+
+    @property
+    def open_subscriptions(self) -> int:
+        """KV and runtime subscription streams open, each until its client leaves: one its hub ended
+        (a subscriber that fell behind) still holds its buffered events until they are read."""
+        return self._open
 
     def start(self) -> None:
         """Start pumping every engine's published events into the hubs."""
@@ -109,10 +116,12 @@ class EventService:
             include_snapshot=request.include_snapshot,
             start_sequence_number=request.start_sequence_number,
         )
+        self._open += 1
         try:
             async for item in queue:
                 yield item
         finally:
+            self._open -= 1
             self.kv.unsubscribe(queue)
 
     async def subscribe_runtime(
@@ -124,16 +133,18 @@ class EventService:
         self._check_source("runtime")
         self._check_capacity()
         queue = self.runtime.subscribe(request.types)
+        self._open += 1
         try:
             async for item in queue:
                 yield item
         finally:
+            self._open -= 1
             self.runtime.unsubscribe(queue)
 
     def _check_capacity(self) -> None:
         """RESOURCE_EXHAUSTED (retryable) when KV and runtime subscriptions together are at the limit."""
         limit = self._max_subscriptions
-        if limit is not None and self.kv.subscriber_count + self.runtime.subscriber_count >= limit:
+        if limit is not None and self._open >= limit:
             raise ResourceExhausted(f"the gateway is at its limit of {limit} event subscriptions", retry_after_ms=1000)
 
     def close(self, reason: str) -> None:

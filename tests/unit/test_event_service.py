@@ -10,7 +10,7 @@ import pytest
 from openengine_gateway import pb
 from openengine_gateway.core.background import BackgroundTasks
 from openengine_gateway.core.events import EventService
-from openengine_gateway.errors import InvalidArgument, Unavailable, Unimplemented
+from openengine_gateway.errors import InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
 
 from tests.fakes import FakeBackend, engine_set
 
@@ -136,3 +136,24 @@ async def test_close_ends_subscriptions_as_draining() -> None:
     assert final.error.code == pb.ERROR_CODE_DRAINING and final.error.retryable
     assert final.error.retry_after_ms == 1000
     background.cancel_all()
+
+
+async def test_a_subscription_that_fell_behind_counts_against_the_limit_until_its_client_leaves() -> None:
+    """Its hub dropped it, but its stream still holds what it buffered: the limit counts open streams."""
+    backend = FakeBackend(publishes_kv_events=True, publishes_runtime_events=True)
+    events = EventService(engine_set(backend), BackgroundTasks(), subscriber_queue=2, max_subscriptions=1)
+    unread = events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest())
+    waiter = asyncio.ensure_future(anext(unread))
+    await asyncio.sleep(0)
+    for _ in range(4):  # nothing reads: the subscriber falls behind and its hub ends it
+        events.runtime.publish(pb.RuntimeEvent(type=pb.RUNTIME_EVENT_TYPE_BATCH))
+    assert events.runtime.subscriber_count == 0 and events.runtime.dropped_subscribers == 1
+    assert events.open_subscriptions == 1
+    with pytest.raises(ResourceExhausted, match="limit of 1 event subscriptions"):
+        await asyncio.wait_for(anext(events.subscribe_kv(pb.SubscribeKvEventsRequest())), 1)
+    await asyncio.wait_for(waiter, 1)
+    await unread.aclose()  # the client leaves
+    assert events.open_subscriptions == 0
+    again = events.subscribe_kv(pb.SubscribeKvEventsRequest(include_snapshot=True))
+    assert (await asyncio.wait_for(anext(again), 1)).HasField("batch")
+    await again.aclose()
