@@ -164,6 +164,8 @@ class MockBackend(Backend):
             selection = wanted.candidates if wanted is not None else None
             if selection is not None and any(t >= VOCAB_SIZE for t in selection.token_ids):
                 raise InvalidArgument(f"candidate token ids must be below the vocabulary size {VOCAB_SIZE}")
+        if any(t >= VOCAB_SIZE for t in request.stopping.stop_token_ids):
+            raise InvalidArgument(f"stop token ids must be below the vocabulary size {VOCAB_SIZE}")
         max_tokens = resolve_max_tokens(request, len(prompt), settings.max_context_length, settings.max_output_tokens)
         count = 1 if prefill_only else request.sampling.num_sequences
         self._check_capacity(len(prompt), 0 if prefill_only else max_tokens, count)

@@ -7,19 +7,30 @@ output is a complete match. ``ChoiceGuide`` is exact (a trie walk over the choic
 candidates are every ASCII character plus the non-ASCII characters the pattern names
 literally, so its outputs always match, but a pattern that can only continue with some other
 non-ASCII character reaches a dead end (``allowed`` all false), which the engine reports.
+Partial matching backtracks, exponentially for some patterns (``(a|aa)*c``), and the engine's
+loop waits on every mask, so one mask has a time budget: a pattern that exceeds it fails its
+request as INVALID_ARGUMENT (before acceptance when the first mask does). The budget is checked
+between matches and by ``regex``'s own timeout, which a pattern's first match ignores (for a
+long literal it costs the cube of the literal's length), so patterns are also limited in length.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import numpy as np
 import regex
 from openengine_gateway import pb
-from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.errors import EngineFailure, InvalidArgument
 from openengine_gateway.spi import Guidance
 
 from .tokenizer import BYTE_TOKENS, EOS, VOCAB_SIZE
+
+MASK_BUDGET_S = 0.1
+"""The most one regex mask may take (normally well under a millisecond)."""
+MAX_PATTERN_CHARS = 512
+"""The longest regex taken: the first match of a literal this long takes about 20 ms, uninterrupted."""
 
 
 class Guide(ABC):
@@ -27,7 +38,9 @@ class Guide(ABC):
 
     @abstractmethod
     def allowed(self) -> np.ndarray:
-        """A boolean mask over the vocabulary: the tokens that may come next."""
+        """A boolean mask over the vocabulary: the tokens that may come next.
+
+        Raises an INVALID_ARGUMENT ``EngineFailure`` when the guide cannot compute it in time."""
 
     @abstractmethod
     def advance(self, token_id: int) -> None:
@@ -67,19 +80,30 @@ class RegexGuide(Guide):
         self._text = ""
         self._pending = b""
 
-    def _viable(self, text: str) -> bool:
-        return self._pattern.fullmatch(text, partial=True) is not None
+    def _matches(self, text: str, deadline: float, *, partial: bool = True) -> bool:
+        """Whether ``text`` matches (or, ``partial``, can still match) within the mask's budget."""
+        try:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                raise TimeoutError
+            return self._pattern.fullmatch(text, partial=partial, timeout=remaining) is not None
+        except TimeoutError:
+            raise EngineFailure(
+                pb.ERROR_CODE_INVALID_ARGUMENT,
+                f"guided.regex is too costly to match: one token's mask took over {MASK_BUDGET_S * 1000:.0f} ms",
+            ) from None
 
     def allowed(self) -> np.ndarray:
+        deadline = time.perf_counter() + MASK_BUDGET_S
         mask = np.zeros(VOCAB_SIZE, dtype=bool)
         text, pending = self._text, self._pending
         if not pending:
             for byte in range(0x80):
-                mask[byte] = self._viable(text + chr(byte))
-            mask[EOS] = self._pattern.fullmatch(text) is not None
+                mask[byte] = self._matches(text + chr(byte), deadline)
+            mask[EOS] = self._matches(text, deadline, partial=False)
         for encoded in self._extra:
             if len(encoded) > len(pending) and encoded.startswith(pending) and not mask[encoded[len(pending)]]:
-                mask[encoded[len(pending)]] = self._viable(text + encoded.decode("utf-8"))
+                mask[encoded[len(pending)]] = self._matches(text + encoded.decode("utf-8"), deadline)
         return mask
 
     def advance(self, token_id: int) -> None:
@@ -99,13 +123,19 @@ def make_guide(guidance: Guidance) -> Guide:
     if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
         guide: Guide = ChoiceGuide(guidance.choices)
     elif guidance.mode == pb.GUIDED_DECODING_MODE_REGEX:
+        if len(guidance.spec) > MAX_PATTERN_CHARS:
+            raise InvalidArgument(f"guided.regex is longer than this engine's {MAX_PATTERN_CHARS} characters")
         try:
             guide = RegexGuide(regex.compile(guidance.spec))
         except regex.error as exc:
             raise InvalidArgument(f"guided.regex does not compile: {exc}") from None
     else:
         raise InvalidArgument(f"guided mode {pb.GuidedDecodingMode.Name(guidance.mode)} is not implemented")
-    if not guide.allowed().any():
+    try:
+        satisfiable = guide.allowed().any()
+    except EngineFailure as failure:
+        raise InvalidArgument(failure.message) from None
+    if not satisfiable:
         raise InvalidArgument("the guided constraint cannot be satisfied with this engine's output alphabet")
     return guide
 

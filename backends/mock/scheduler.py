@@ -325,17 +325,20 @@ class EngineCore:
         """Sample and emit ``output``'s next token; False when the request failed instead."""
         model = self._model
         row = model.row(output.tokens, request.key.lora_id)
-        allowed = output.guide.allowed() if output.guide is not None else None
-        if allowed is not None and not allowed.any():
-            self._requests.pop(request.request_id, None)
-            self._drop(request)
-            request.fail(
-                EngineFailure(
-                    pb.ERROR_CODE_INVALID_ARGUMENT,
-                    f"guided decoding of output {output.index} reached a state this engine cannot continue",
-                )
-            )
-            return False
+        allowed = None
+        if output.guide is not None:
+            try:
+                allowed = output.guide.allowed()
+                if not allowed.any():
+                    raise EngineFailure(
+                        pb.ERROR_CODE_INVALID_ARGUMENT,
+                        f"guided decoding of output {output.index} reached a state this engine cannot continue",
+                    )
+            except EngineFailure as failure:
+                self._requests.pop(request.request_id, None)
+                self._drop(request)
+                request.fail(failure)
+                return False
         token = output.sampler.sample(row, request.banned(output), allowed)
         request.accept(output, token, row, model)
         if output.finished:

@@ -93,6 +93,14 @@ async def test_stop_token_with_and_without_its_text() -> None:
     assert stop_id not in late.tokens[0][:3]
 
 
+async def test_a_stop_token_outside_the_vocabulary_is_refused() -> None:
+    """Before ``min_tokens`` stop tokens are banned from sampling: an id past the vocabulary would index nothing."""
+    async with engine() as backend:
+        with pytest.raises(InvalidArgument, match="vocabulary"):
+            await generate(backend, stopping=Stopping(stop_token_ids=(VOCAB_SIZE,), min_tokens=1, max_tokens=4))
+        assert (await generate(backend, stopping=Stopping(max_tokens=2, min_tokens=1))).finished
+
+
 async def test_stop_text_is_cut_or_kept() -> None:
     async with engine() as backend:
         plain = await generate(backend, sampling=GREEDY, stopping=Stopping(max_tokens=30, ignore_eos=True))

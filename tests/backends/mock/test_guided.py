@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import regex
-from openengine_backends.mock.guided import ChoiceGuide, RegexGuide, make_guide
+from openengine_backends.mock import guided
+from openengine_backends.mock.guided import MAX_PATTERN_CHARS, ChoiceGuide, RegexGuide, make_guide
 from openengine_backends.mock.tokenizer import EOS, encode
 from openengine_gateway import pb
-from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import Guidance, Sampling
+from openengine_gateway.errors import EngineFailure, InvalidArgument
+from openengine_gateway.spi import Guidance, Sampling, Stopping
 
 from .support import engine, generate
 
@@ -79,3 +80,27 @@ async def test_generation_picks_one_choice_per_output() -> None:
         )
     assert all(text in choices for text in result.text.values())
     assert len(set(result.text.values())) > 1
+
+
+def test_a_pattern_too_long_or_too_costly_to_match_is_refused_before_acceptance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(InvalidArgument, match="longer than"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="x" * (MAX_PATTERN_CHARS + 1)))
+    make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="x" * MAX_PATTERN_CHARS))
+    monkeypatch.setattr(guided, "MASK_BUDGET_S", 0.0)  # every mask is over budget: the first one too
+    with pytest.raises(InvalidArgument, match="too costly"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="[a-z]+"))
+
+
+async def test_a_pattern_that_turns_costly_fails_its_request_and_nothing_else() -> None:
+    """``(a|aa)*`` backtracks exponentially in the output's length: the mask's budget ends it."""
+    async with engine() as backend:
+        with pytest.raises(EngineFailure, match="too costly") as failure:
+            await generate(
+                backend,
+                stopping=Stopping(max_tokens=60, min_tokens=60),
+                guidance=Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="(a|aa)*"),
+            )
+        assert failure.value.code == pb.ERROR_CODE_INVALID_ARGUMENT and not failure.value.retryable
+        assert (await generate(backend, stopping=Stopping(max_tokens=3))).finished, "the engine still serves"
