@@ -52,6 +52,9 @@ class EngineFeatures:
     """``VLLM_MAX_N_SEQUENCES``."""
     engines: int = 1
     """Engine cores (data-parallel ranks) this frontend drives."""
+    lora_prompt_logprobs: bool = True
+    """The platform's LoRA logits kernels cover prompt positions. vLLM's CPU kernels map only the
+    sampled rows: prompt logprobs in a batch then fail an einsum in the worker and kill the engine core."""
 
 
 def resolved_max_logprobs(max_logprobs: int, vocab_size: int) -> int:
@@ -123,10 +126,14 @@ def model_info(config: Any, features: EngineFeatures) -> pb.ModelInfo:
 def generation_capabilities(config: Any, features: EngineFeatures) -> pb.GenerationCapabilities:
     """Sampling, logprob, guided-decoding and scheduling options the engine honours."""
     max_logprobs = config.model_config.max_logprobs
-    return pb.GenerationCapabilities(
-        prompt_logprobs=logprob_capabilities(
+    if config.lora_config is not None and not features.lora_prompt_logprobs:
+        prompt_logprobs = pb.LogprobCapabilities(supported=False)
+    else:
+        prompt_logprobs = logprob_capabilities(
             max_logprobs, features.vocab_size, token_ids=features.prompt_token_id_logprobs
-        ),
+        )
+    return pb.GenerationCapabilities(
+        prompt_logprobs=prompt_logprobs,
         output_logprobs=logprob_capabilities(max_logprobs, features.vocab_size, token_ids=True),
         guided_decoding=guided_capabilities(guided_backend(config, features)),
         max_num_sequences=features.max_num_sequences,

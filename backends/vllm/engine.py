@@ -140,6 +140,7 @@ class VllmBackend(Backend):
             prompt_token_id_logprobs=bool(config.use_v2_model_runner),
             max_num_sequences=vllm.envs.VLLM_MAX_N_SEQUENCES,
             engines=len(getattr(engine.engine_core, "engine_ranks_managed", ())) or 1,
+            lora_prompt_logprobs=not current_platform.is_cpu(),
         )
         self._features = features
         role = capabilities.engine_role(config)

@@ -55,6 +55,16 @@ def test_logprob_limits_follow_max_logprobs() -> None:
     assert list(none.candidate_selection_modes) == [IDS] and not none.HasField("max_top_n")
 
 
+def test_no_prompt_logprobs_where_the_lora_kernels_cannot_score_prompts() -> None:
+    lora = VllmConfig(lora_config=object())
+    cpu = EngineFeatures(("generate",), 512, True, True, False, 16384, lora_prompt_logprobs=False)
+    prompt = caps.model_info(lora, cpu).generation.prompt_logprobs
+    assert prompt.HasField("supported") and not prompt.supported and not prompt.candidate_selection_modes
+    assert caps.model_info(lora, cpu).generation.output_logprobs.supported
+    assert caps.model_info(lora, FEATURES).generation.prompt_logprobs.supported, "a GPU's kernels map prompt rows"
+    assert caps.model_info(VllmConfig(), cpu).generation.prompt_logprobs.supported, "without LoRA nothing breaks"
+
+
 def test_guided_modes_follow_the_engines_backend() -> None:
     assert list(caps.model_info(VllmConfig(), FEATURES).generation.guided_decoding.modes) == list(caps.ALL_GUIDED_MODES)
     config = VllmConfig()

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def engine_options(**overrides: Any) -> dict[str, Any]:
-    """vLLM engine arguments for the tiny model: fp32, eager, small KV cache, every feature on."""
+    """vLLM engine arguments for the tiny model: fp32, eager, small KV cache, every feature on but LoRA
+    (``test_lora`` starts its own engine: a LoRA-enabled CPU engine has no prompt logprobs)."""
     options: dict[str, Any] = {
         "enforce_eager": True,
         "dtype": "float32",
@@ -29,9 +30,6 @@ def engine_options(**overrides: Any) -> dict[str, Any]:
         "max_logprobs": -1,
         "block_size": 32,
         "kv_cache_memory_bytes": 256 << 20,
-        "enable_lora": True,
-        "max_lora_rank": 8,
-        "max_loras": 2,
         "scheduling_policy": "priority",
         "kv_events_config": {
             "enable_kv_cache_events": True,

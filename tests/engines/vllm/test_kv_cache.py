@@ -12,11 +12,12 @@ pytest.importorskip("vllm")
 from openengine_gateway import pb
 
 from tests.engines.streams import MODEL, generate_request
-from tests.responses import collect, tokens
+from tests.responses import collect
 
 from .reference import Reference
 
 pytestmark = pytest.mark.vllm
+
 
 async def test_kv_events_and_sources(stub: pb.OpenEngineStub, reference: Reference) -> None:
     sources = (await stub.GetKvEventSources(pb.GetKvEventSourcesRequest())).sources

@@ -27,7 +27,8 @@ async def test_discovery_reports_the_started_engine(gateway: RunningGateway, stu
     info = await stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
     assert info.max_context_length == 512 and info.kv_block_size == 32
     assert info.total_kv_blocks > 0 and info.max_running_requests > 0 and info.max_batched_tokens > 0
-    assert info.supports_lora and info.generation.supports_priority
+    assert info.HasField("supports_lora") and not info.supports_lora, "test_lora runs a LoRA-enabled engine"
+    assert info.generation.supports_priority
     assert pb.GUIDED_DECODING_MODE_JSON_OBJECT in info.generation.guided_decoding.modes
     assert pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL in info.generation.output_logprobs.candidate_selection_modes
     prompt_modes = info.generation.prompt_logprobs.candidate_selection_modes
@@ -74,7 +75,7 @@ async def test_what_the_engine_cannot_take_is_rejected_before_acceptance(
         pytest.skip("model runner V2 scores prompt candidate ids")
     prompt = fields.pop("prompt")
     request = generate_request("rejected", prompt=prompt, **fields)  # type: ignore[arg-type]
-    code = grpc.StatusCode.NOT_FOUND if "lora_name" in fields else grpc.StatusCode.INVALID_ARGUMENT
+    code = grpc.StatusCode.FAILED_PRECONDITION if "lora_name" in fields else grpc.StatusCode.INVALID_ARGUMENT
     await expect_status(collect(stub, request), code, match)
 
 

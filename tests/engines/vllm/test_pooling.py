@@ -30,7 +30,7 @@ async def embedder(tiny_model: Path) -> AsyncIterator[RunningGateway]:
     """The tiny Llama as an embedding model (``--runner pooling --convert embed``)."""
     from openengine_backends.vllm import VllmBackend, VllmSettings
 
-    options = engine_options(runner="pooling", convert="embed", enable_lora=False, kv_events_config=None)
+    options = engine_options(runner="pooling", convert="embed", kv_events_config=None)
     backend = VllmBackend(VllmSettings(model=str(tiny_model), **options))
     async with serve_backends([(EMBEDDER, backend)]) as running:
         yield running
