@@ -38,6 +38,7 @@ from openengine_gateway.spi import (
     LoraAdapter,
     Media,
     ScoreCall,
+    UsageReport,
 )
 
 from ..zmq_kv_events import subscribe
@@ -282,7 +283,9 @@ class VllmBackend(Backend):
         lora: Any,
         stream: RequestStream,
     ) -> AsyncIterator[GenerationEvent]:
-        if request.media:
+        if not request.media:  # rendered here: a request ended before vLLM's first output still counts it
+            yield UsageReport(prompt_tokens=len(prompt["prompt_token_ids"]), completion_tokens=0)
+        else:
             prompt = {**prompt, **await self._media(request.media)}
         outputs = self._engine.generate(
             prompt,
@@ -399,8 +402,11 @@ class VllmBackend(Backend):
         return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="vLLM engine core running")]
 
     async def load(self) -> pb.LoadInfo:
-        """Running, waiting and KV usage per data-parallel rank from vLLM's scheduler stats."""
-        if self._engine is None or not self._stats_enabled or self._features is None:
+        """Running, waiting and KV usage per data-parallel rank from vLLM's scheduler stats.
+
+        Nothing is known (every field absent) without stats, and once the engine core died: its
+        last stats describe requests that no longer run."""
+        if self._engine is None or self._engine.errored or not self._stats_enabled or self._features is None:
             return pb.LoadInfo()
         config = self._engine.vllm_config
         ranks = list(getattr(self._engine.engine_core, "engine_ranks_managed", ())) or [self._dp_rank]

@@ -15,6 +15,8 @@ from openengine_gateway.testing import RunningGateway
 from tests.engines.streams import MODEL, generate_request
 from tests.responses import collect, finished, tokens
 
+from .reference import Reference
+
 pytestmark = pytest.mark.vllm
 
 LONG = pb.StoppingOptions(max_tokens=400, ignore_eos=True)
@@ -111,6 +113,26 @@ async def test_abort_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEn
         return engine_requests(gateway) == 0
 
     await wait_for(drained)
+
+
+async def test_an_abort_before_the_first_output_still_counts_the_prompt(
+    gateway: RunningGateway, reference: Reference
+) -> None:
+    prompt = reference.encode("count me " * 40)
+    stopping = pb.StoppingOptions(max_tokens=100, ignore_eos=True)
+    call = gateway.stub.Generate(generate_request("early-abort", prompt=prompt, stopping=stopping))
+    registry = gateway.gateway.registry
+    async with asyncio.timeout(10):
+        while registry.get("early-abort") is None:
+            await registry.wait_changed(None)
+    await asyncio.sleep(0)  # the driver's first step: it hands the request to vLLM, whose output takes far longer
+    aborted = await gateway.gateway.lifecycle.abort(pb.AbortRequest(request_id="early-abort"))
+    assert aborted.status == pb.ABORT_STATUS_ABORTED
+    responses = [response async for response in call]
+    assert not tokens(responses), "aborted before vLLM's first output"
+    assert finished(responses)[0].reason == pb.FINISH_REASON_CANCELLED
+    usage = responses[-1].usage
+    assert usage.prompt_tokens == usage.total_tokens == len(prompt)
 
 
 async def test_client_cancellation_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
