@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import cast
 
 import pytest
 from openengine_gateway import pb
@@ -302,15 +303,23 @@ async def test_abort_of_a_prefill_is_a_cancelled_error() -> None:
     assert await collect(stream) == []
 
 
-async def test_an_aborted_prefill_releases_the_session_no_client_received() -> None:
-    """Its PrefillDone was still unread when the abort dropped it: the engine's KV would have no owner."""
+async def handed_off_unread() -> tuple[
+    CoreParts, FakeBackend, AsyncGenerator[pb.GenerateResponse, None], asyncio.Future[pb.GenerateResponse]
+]:
+    """A prefill whose driver emitted its usage and PrefillDone (session ``s1``), both still unread."""
     parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
     backend.kv_sessions.add("s1")
-    stream = service(parts, backend).generate(request())
+    stream = cast(AsyncGenerator[pb.GenerateResponse, None], service(parts, backend).generate(request()))
     waiter = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0)
     backend.streams["r1"].put(UsageReport(3, 0))
     backend.streams["r1"].put(PrefillDone(KvSession("s1")))
+    return parts, backend, stream, waiter
+
+
+async def test_an_aborted_prefill_releases_the_session_no_client_received() -> None:
+    """Its PrefillDone was still unread when the abort dropped it: the engine's KV would have no owner."""
+    parts, backend, stream, waiter = await handed_off_unread()
     parts.registry.get("r1").abort("aborted by Abort")  # type: ignore[union-attr]
     message = await asyncio.wait_for(waiter, 1)
     assert message.error.code == pb.ERROR_CODE_CANCELLED and message.usage.prompt_tokens == 3
@@ -320,13 +329,7 @@ async def test_an_aborted_prefill_releases_the_session_no_client_received() -> N
 
 
 async def test_a_prefill_whose_client_went_away_releases_its_unread_session() -> None:
-    parts, backend = CoreParts(), FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
-    backend.kv_sessions.add("s1")
-    stream = service(parts, backend).generate(request())
-    waiter = asyncio.ensure_future(anext(stream))
-    await asyncio.sleep(0)
-    backend.streams["r1"].put(UsageReport(3, 0))
-    backend.streams["r1"].put(PrefillDone(KvSession("s1")))
+    parts, backend, stream, waiter = await handed_off_unread()
     waiter.cancel()  # the client went away before the handoff was read
     with pytest.raises(asyncio.CancelledError):
         await waiter
