@@ -61,7 +61,7 @@ class LoraRegistry:
         real = Path(_normalized(path, local=local))
         if self._allowed and not any(real.is_relative_to(root) for root in self._allowed):
             raise PermissionDenied("adapter.source_path is outside the directories this gateway allows")
-        if local and not real.is_dir():
+        if local and not _is_dir(real):
             raise InvalidArgument("adapter.source_path is not a directory visible to the engine")
         adapter = LoraAdapter(requested.lora_id, requested.lora_name, str(real))
         existing = self._by_name.get(adapter.lora_name)
@@ -102,6 +102,14 @@ def _normalized(path: str, *, local: bool) -> str:
     """An absolute path in the form the registry compares: symlinks resolved where the files are
     the gateway's own, only ``..``, ``//`` and trailing slashes folded where they are another host's."""
     return os.path.realpath(path) if local else posixpath.normpath(path)
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory; a path the OS refuses to look up (a name too long) is not."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 __all__ = ["LoraRegistry", "adapter_to_proto"]

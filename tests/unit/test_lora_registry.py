@@ -38,6 +38,7 @@ def load(registry: LoraRegistry, lora_id: int, name: str, path: str | Path) -> t
         (1, "x", "{root}/a\0", InvalidArgument, "absolute"),  # os.path.realpath would raise ValueError
         (1, "x", "{root}/missing", InvalidArgument, "not a directory"),
         (1, "x", "{root}/file", InvalidArgument, "not a directory"),
+        (1, "x", "{root}/" + "n" * 300, InvalidArgument, "not a directory"),  # is_dir raises ENAMETOOLONG
     ],
 )
 def test_load_rejections(
