@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import logs
-from .config import Config, ConfigError, EngineSection, GatewaySection, load_config
+from .config import Config, ConfigError, EngineSection, GatewaySection, load_config, with_flags
 from .core.gateway import Gateway, GatewayOptions
 from .engines import ConfigurationError
 from .launch import start_engines
@@ -145,30 +145,70 @@ def _engine_sections(args: argparse.Namespace, extra: Sequence[str], config: Con
     ]
 
 
+def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection:
+    """``[gateway]`` with the flags over it: each flag is the key of the same name, validated alike."""
+    return with_flags(
+        config.gateway,
+        {
+            "host": args.host,
+            "port": args.port,
+            "advertise_host": args.advertise_host,
+            "drain_timeout_s": args.drain_timeout,
+            "log_format": args.log_format,
+            "tls_cert_file": args.tls_cert,
+            "tls_key_file": args.tls_key,
+            "tls_client_ca_file": args.tls_client_ca,
+            "auth_token_file": args.auth_token_file,
+            "control_token_file": args.control_token_file,
+            "lora_roots": args.lora_root,
+            "max_in_flight": args.max_in_flight,
+            "max_subscriptions": args.max_subscriptions,
+            "max_prompt_chars": args.max_prompt_chars,
+            "max_prompt_tokens": args.max_prompt_tokens,
+            "max_task_items": args.max_task_items,
+            "max_message_bytes": args.max_message_bytes,
+            "metrics_port": args.metrics_port,
+            "metrics_host": args.metrics_host,
+        },
+    )
+
+
 async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    """Start engines and the server; stop gracefully on SIGINT/SIGTERM."""
+    """Start engines and the server; stop gracefully on SIGINT/SIGTERM (one during startup stops
+    the gateway once it has started, so that no engine is left half started)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    drain_timeout = 0.0
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second %s: stopping now", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("%s: draining (up to %.0fs), then stopping", signal.Signals(signum).name, drain_timeout)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
     config = load_config(_config_path(args.config))
-    section = config.gateway
-    host = args.host if args.host is not None else section.host
-    port = args.port if args.port is not None else section.port
-    logs.configure(args.log_level, args.log_format or section.log_format)
+    section = _gateway_section(args, config)
+    logs.configure(args.log_level, section.log_format)
     sections = _engine_sections(args, extra, config)
     options = GatewayOptions(
-        max_in_flight=_pick(args.max_in_flight, section.max_in_flight),
-        max_subscriptions=_pick(args.max_subscriptions, section.max_subscriptions),
-        max_prompt_chars=_pick(args.max_prompt_chars, section.max_prompt_chars),
-        max_prompt_tokens=_pick(args.max_prompt_tokens, section.max_prompt_tokens),
-        max_task_items=_pick(args.max_task_items, section.max_task_items),
+        max_in_flight=section.max_in_flight,
+        max_subscriptions=section.max_subscriptions,
+        max_prompt_chars=section.max_prompt_chars,
+        max_prompt_tokens=section.max_prompt_tokens,
+        max_task_items=section.max_task_items,
         health_poll_s=section.health_poll_s,
         finished_window=section.finished_window,
         kv_replay_batches=section.kv_replay_batches,
         subscriber_queue=section.subscriber_queue,
         probe_timeout_s=section.probe_timeout_s,
-        lora_roots=tuple(args.lora_root or section.lora_roots),
-        advertise_host=args.advertise_host or section.advertise_host or _routable(host),
+        lora_roots=tuple(section.lora_roots),
+        advertise_host=section.advertise_host or _routable(section.host),
     )
-    server_options = _server_options(args, section, host, port)
-    drain_timeout = args.drain_timeout if args.drain_timeout is not None else section.drain_timeout_s
+    server_options = _server_options(section)
+    drain_timeout = section.drain_timeout_s
     engines = await start_engines(sections, config)
     server = GatewayServer(Gateway(engines, options), server_options)
     try:
@@ -182,18 +222,6 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
     metrics = f", metrics on port {server.metrics_port}" if server.metrics_port is not None else ""
     print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.warning("second %s: stopping now", signal.Signals(signum).name)
-            os._exit(1)
-        log.info("%s: draining (up to %.0fs), then stopping", signal.Signals(signum).name, drain_timeout)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
     await stop.wait()
     await server.stop(drain_timeout)
     log.info("stopped")
@@ -213,32 +241,29 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
-def _pick(flag: int | None, configured: int | None) -> int | None:
-    return flag if flag is not None else configured
-
-
-def _server_options(args: argparse.Namespace, section: GatewaySection, host: str, port: int) -> ServerOptions:
-    """Transport options: TLS, tokens, metrics and the message size, flags over ``[gateway]``."""
-    cert = args.tls_cert or section.tls_cert_file
-    key = args.tls_key or section.tls_key_file
-    client_ca = args.tls_client_ca or section.tls_client_ca_file
+def _server_options(section: GatewaySection) -> ServerOptions:
+    """Transport options: TLS (its files checked now, before any engine starts), tokens, metrics, message size."""
+    cert, key, client_ca = section.tls_cert_file, section.tls_key_file, section.tls_client_ca_file
     if (cert is None) != (key is None) or (client_ca is not None and cert is None):
         raise ConfigError("TLS needs both --tls-cert and --tls-key (and them for --tls-client-ca)")
-    token_file = args.auth_token_file or section.auth_token_file
-    control_file = args.control_token_file or section.control_token_file
+    tls = TlsFiles(cert, key, client_ca) if cert is not None and key is not None else None
+    if tls is not None:
+        tls.check()
+    token_file, control_file = section.auth_token_file, section.control_token_file
     auth = TokenAuth.from_sources(
         token_files=[token_file] if token_file else [], control_token_files=[control_file] if control_file else []
     )
+    host = section.host
     if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("serving on %s without authentication: anyone who reaches it can drain it", host)
     return ServerOptions(
         host=host,
-        port=port,
-        max_message_bytes=_pick(args.max_message_bytes, section.max_message_bytes) or section.max_message_bytes,
-        tls=TlsFiles(cert, key, client_ca) if cert is not None and key is not None else None,
+        port=section.port,
+        max_message_bytes=section.max_message_bytes,
+        tls=tls,
         auth=auth,
-        metrics_port=_pick(args.metrics_port, section.metrics_port),
-        metrics_host=args.metrics_host or section.metrics_host,
+        metrics_port=section.metrics_port,
+        metrics_host=section.metrics_host,
     )
 
 
@@ -287,7 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["serve"]:
         arguments = arguments[1:]
     args, extra = _parser().parse_known_args(arguments)
-    logs.configure(args.log_level, args.log_format or "text")
+    try:
+        logs.configure(args.log_level, args.log_format or "text")
+    except ValueError as exc:
+        print(f"openengine-gateway: error: --log-level: {exc}", file=sys.stderr)
+        return 2
     try:
         return _run(serve(args, extra))
     except (ConfigError, ConfigurationError, PluginError, OSError) as exc:

@@ -111,12 +111,24 @@ def load_config(path: Path | None) -> Config:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, str(path))) from None
+
+
+def with_flags(section: GatewaySection, flags: Mapping[str, Any]) -> GatewaySection:
+    """``section`` with the command line's values over it (None = not given), validated as keys of
+    ``[gateway]``: a flag takes exactly the values its key does."""
+    given = {key: value for key, value in flags.items() if value is not None}
+    try:
+        return GatewaySection.model_validate({**section.model_dump(), **given})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, "command line")) from None
 
 
 def engine_settings(settings_model: type[BackendSettings], options: Mapping[str, Any], source: str) -> BackendSettings:
@@ -135,4 +147,5 @@ __all__ = [
     "PluginsSection",
     "engine_settings",
     "load_config",
+    "with_flags",
 ]

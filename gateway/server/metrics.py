@@ -58,8 +58,13 @@ class MetricsExporter:
         self._requests.labels(rpc, code).inc()
 
     def start(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a port); returns the bound port."""
-        server, thread = start_http_server(port, host.strip("[]"), registry=self.registry)
+        """Serve ``/metrics`` on ``host:port`` (0 picks a port); returns the bound port.
+
+        Raises ``OSError`` naming the metrics address when it cannot be bound."""
+        try:
+            server, thread = start_http_server(port, host.strip("[]"), registry=self.registry)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
         self._http = (server, thread)
         return int(server.server_port)
 

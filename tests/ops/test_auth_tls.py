@@ -142,3 +142,18 @@ async def test_mutual_tls_admits_only_clients_signed_by_the_client_ca(
         assert "UNAVAILABLE" not in codes.values() and not REFUSED & set(codes.values()), codes
     else:
         assert set(codes.values()) == {"UNAVAILABLE"}, codes
+
+
+def test_bad_tls_files_are_refused_before_any_engine_starts(certificates: Certificates, tmp_path: Path) -> None:
+    """grpc reports a bad certificate or key only as a failed bind: the gateway names the files first."""
+    good = TlsFiles(certificates.server.cert_file, certificates.server.key_file, certificates.ca.cert_file)
+    good.check()
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    for files, names in (
+        (TlsFiles(certificates.server.cert_file, certificates.client.key_file), "not a PEM certificate chain"),
+        (TlsFiles(garbage, certificates.server.key_file), "garbage.pem"),
+        (TlsFiles(certificates.server.cert_file, certificates.server.key_file, garbage), "not a PEM client CA"),
+    ):
+        with pytest.raises(OSError, match=names):
+            files.check()

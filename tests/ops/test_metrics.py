@@ -313,3 +313,13 @@ async def test_the_metrics_port_binds_only_the_host_it_was_told(host: str | None
 async def test_no_metrics_port_unless_asked() -> None:
     async with gateway() as running:
         assert running.server.metrics_port is None
+
+
+async def test_a_metrics_port_in_use_is_an_error_that_names_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            async with gateway(server=ServerOptions(metrics_port=port)):
+                pass

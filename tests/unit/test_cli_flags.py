@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
@@ -150,3 +151,63 @@ def test_startup_objects_are_frozen_out_of_full_collections() -> None:
         assert not any(id(item) in collected for item in kept)
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["--port", "70000"], "port"),
+        (["--port", "-1"], "port"),
+        (["--max-message-bytes", "-1"], "max_message_bytes"),
+        (["--max-message-bytes", "0"], "max_message_bytes"),
+        (["--max-in-flight", "0"], "max_in_flight"),
+        (["--max-task-items", "-3"], "max_task_items"),
+        (["--drain-timeout", "-1"], "drain_timeout_s"),
+        (["--drain-timeout", "nan"], "drain_timeout_s"),
+        (["--metrics-port", "70000"], "metrics_port"),
+    ],
+)
+def test_a_flag_takes_exactly_the_values_its_config_key_does(argv: list[str], key: str) -> None:
+    namespace, _ = args(*argv)
+    with pytest.raises(ConfigError, match=f"command line: invalid configuration\n  {key}: "):
+        cli._gateway_section(namespace, Config())
+
+
+def test_flags_override_the_config_file() -> None:
+    namespace, _ = args("--port", "0", "--max-in-flight", "8", "--lora-root", "/a")
+    section = cli._gateway_section(namespace, Config.model_validate({"gateway": {"port": 9, "max_subscriptions": 3}}))
+    assert (section.port, section.max_in_flight, section.max_subscriptions, section.lora_roots) == (0, 8, 3, ["/a"])
+
+
+def test_an_unknown_log_level_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--backend", "mock", "--log-level", "bogus"]) == 2
+    assert "--log-level" in capsys.readouterr().err
+
+
+def test_a_signal_during_startup_stops_the_gateway_once_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No engine is left half started: the stop waits for the startup it interrupted."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from openengine_gateway import launch
+
+    real_start = launch.start_engines
+
+    async def slow_start(*arguments: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the engines start
+        await asyncio.sleep(0.1)
+        return await real_start(*arguments)
+
+    monkeypatch.setattr(cli, "start_engines", slow_start)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # unhandled, it would end pytest itself
+    backstop = threading.Timer(10, os.kill, (os.getpid(), signal.SIGTERM))  # a lost signal: stop it anyway
+    backstop.start()
+    started = time.monotonic()
+    try:
+        assert cli.main(["--backend", "mock", "--port", "0", "--drain-timeout", "0"]) == 0
+    finally:
+        backstop.cancel()
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - started < 5, "the signal during startup was lost"

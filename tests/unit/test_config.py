@@ -104,6 +104,10 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path, "[gateway\nport = 1"))
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('[gateway]\nhost = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(latin1)
 
 
 class Settings(BackendSettings):
