@@ -200,10 +200,10 @@ class PoolingEngine:
         """Every item's final ``PoolingRequestOutput``, in order.
 
         The first item to fail fails the call and stops the others, so no item outlives its call.
-        What is still running then (or when the call is cancelled) is aborted in one batch first:
-        vLLM aborts each stopped item on its own as well, and each such abort rescans its waiting
-        queue, which for a large call stalls the engine for seconds to minutes; after the batch
-        they find nothing to do.
+        What is still running then (or when the call is cancelled) is aborted in one batch, which
+        ends each item with vLLM's final abort output. Cancelled instead, each item would abort
+        itself, one engine message each, and each such abort rescans the scheduler's waiting queue:
+        for a large call that stalls the engine for seconds to minutes.
         """
         prompts = [item_prompt(item) for item in items]
         ids = [f"{request_id}#{index}" for index in range(len(items))]
@@ -223,9 +223,11 @@ class PoolingEngine:
             running = [(item_id, run) for item_id, run in zip(ids, runs, strict=True) if not run.done()]
             if running:
                 await self._engine.abort([item_id for item_id, _ in running])
-                for _, run in running:
+                await asyncio.sleep(0)  # each aborted item takes its final output and returns
+                stuck = [run for _, run in running if not run.done()]  # not in vLLM yet: cancelled before it is
+                for run in stuck:
                     run.cancel()
-                await asyncio.gather(*(run for _, run in running), return_exceptions=True)
+                await asyncio.gather(*stuck, return_exceptions=True)
 
     async def _one(
         self, item_id: str, prompt: dict[str, Any], params: Mapping[str, Any], lora: Any, priority: int | None
