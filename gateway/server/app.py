@@ -65,7 +65,8 @@ class GatewayServer:
                 ("grpc.max_send_message_length", options.max_message_bytes),
             ],
         )
-        pb.add_OpenEngineServicer_to_server(OpenEngineServicer(gateway), self._server)
+        servicer = OpenEngineServicer(gateway, max_message_bytes=options.max_message_bytes)
+        pb.add_OpenEngineServicer_to_server(servicer, self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from .. import pb
 from ..core.gateway import Gateway
-from ..errors import RequestError
+from ..errors import RequestError, ResourceExhausted
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,13 +34,23 @@ async def reject(context: Context, error: RequestError) -> None:
     await context.abort(grpc.StatusCode[error.status.name], error.message)
 
 
-async def _unary(context: Context, handler: Callable[[R], Awaitable[T] | T], request: R) -> T:
-    """Run a core handler (sync or async); its ``RequestError`` becomes the call's status."""
+async def _unary(
+    context: Context, handler: Callable[[R], Awaitable[T] | T], request: R, *, max_bytes: int | None = None
+) -> T:
+    """Run a core handler (sync or async); its ``RequestError`` becomes the call's status.
+
+    A response over ``max_bytes`` is RESOURCE_EXHAUSTED here: gRPC would refuse to send it only
+    after the handler returned, so the call would be counted OK and logged as a server error."""
     try:
         result = handler(request)
         if inspect.isawaitable(result):
-            return await result
-        return result
+            result = await result
+        if max_bytes is not None and isinstance(result, Message) and (size := result.ByteSize()) > max_bytes:
+            raise ResourceExhausted(
+                f"the response is {size} bytes, more than this gateway's {max_bytes}-byte message limit; "
+                "ask for less (fewer items, fewer candidates) or raise --max-message-bytes"
+            )
+        return cast(T, result)
     except RequestError as error:
         await reject(context, error)
         raise AssertionError("unreachable") from None
@@ -63,21 +74,22 @@ async def _stream(context: Context, messages: AsyncIterator[T]) -> AsyncIterator
 class OpenEngineServicer(pb.OpenEngineServicer):
     """Every RPC of ``openengine.v1.OpenEngine``, delegated to ``Gateway``."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, *, max_message_bytes: int | None = None) -> None:
         self._gateway = gateway
+        self._max_bytes = max_message_bytes
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> AsyncIterator[pb.GenerateResponse]:
         async for message in _stream(context, self._gateway.generation.generate(request)):
             yield message
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
-        return await _unary(context, self._gateway.tasks.embed, request)
+        return await _unary(context, self._gateway.tasks.embed, request, max_bytes=self._max_bytes)
 
     async def Classify(self, request: pb.ClassifyRequest, context: Context) -> pb.ClassifyResponse:
-        return await _unary(context, self._gateway.tasks.classify, request)
+        return await _unary(context, self._gateway.tasks.classify, request, max_bytes=self._max_bytes)
 
     async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
-        return await _unary(context, self._gateway.tasks.score, request)
+        return await _unary(context, self._gateway.tasks.score, request, max_bytes=self._max_bytes)
 
     async def GetEngineInfo(self, request: pb.GetEngineInfoRequest, context: Context) -> pb.EngineInfo:
         return await _unary(context, self._gateway.discovery.engine_info, request)

@@ -116,3 +116,20 @@ async def test_message_size_limit() -> None:
         assert [r async for r in running.stub.Generate(generate("a" * 100))][-1].HasField("finished")
         await asyncio.sleep(0)
         assert len(running.gateway.registry) == 0
+
+
+async def test_a_response_over_the_message_limit_is_resource_exhausted_and_counted_so() -> None:
+    """gRPC would refuse it only after the handler returned: counted OK, logged as a server error."""
+    async with gateway(server=ServerOptions(max_message_bytes=700, metrics_port=0)) as running:
+        inputs = [pb.TaskInput(item_id=str(n), text="x") for n in range(3)]
+        error = await refused(running.stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs)))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "more than this gateway's" in (
+            error.details() or ""
+        )
+        assert (
+            running.server.metrics.registry.get_sample_value(
+                "openengine_gateway_requests_total", {"rpc": "Embed", "code": "RESOURCE_EXHAUSTED"}
+            )
+            == 1
+        )
+        assert len((await running.stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs[:1]))).outputs) == 1
