@@ -60,7 +60,8 @@ def text_request(
         request.prompt = prompt
     else:
         request.token_ids.ids.extend(prompt)
-    for stop in options.pop("stop", ()):
+    stops = options.pop("stop", ())
+    for stop in (stops,) if isinstance(stops, str) else stops:  # one string is one stop, not its characters
         request.stopping.conditions.add(stop_text=stop)
     groups = (request.sampling, request.stopping, request.response, request.kv)
     for name, value in options.items():
@@ -167,11 +168,16 @@ class OpenEngineClient:
             raise StatusError.from_rpc_error(error) from None
 
     async def _stream(self, method: Any, request: Any, timeout_s: float | None) -> AsyncIterator[Any]:
+        """The call's messages; a caller that stops reading early (``break``, ``aclose``) cancels the
+        call, so the server stops its work instead of running it to the end for nobody."""
+        call = method(request, metadata=self._metadata, timeout=timeout_s)
         try:
-            async for message in method(request, metadata=self._metadata, timeout=timeout_s):
+            async for message in call:
                 yield message
         except grpc.aio.AioRpcError as error:
             raise StatusError.from_rpc_error(error) from None
+        finally:
+            call.cancel()  # a no-op once the call has ended
 
     # -- generation -----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from .. import pb
 from .client import Completion, OpenEngineClient
+from .errors import ClientError
 
 T = TypeVar("T")
 
@@ -31,6 +32,9 @@ class SyncClient:
             raise
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coroutine.close()
+            raise ClientError("this SyncClient is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     @property
@@ -71,7 +75,9 @@ class SyncClient:
         return self._run(self._client.abort(request))
 
     def close(self) -> None:
-        """Close the channel and stop the loop thread."""
+        """Close the channel and stop the loop thread (again: nothing)."""
+        if self._loop.is_closed():
+            return
         try:
             self._run(self._client.close())
         finally:

@@ -10,6 +10,7 @@ import pytest
 from openengine_backends.mock import MockBackend, MockSettings
 from openengine_gateway import pb
 from openengine_gateway.client import (
+    ClientError,
     EngineErrorEvent,
     IncompatibleServer,
     OpenEngineClient,
@@ -36,6 +37,21 @@ def test_text_request_places_flat_options_in_their_groups() -> None:
     assert request.stopping.conditions[0].stop_text == "." and request.kv.data_parallel_rank == 1
     with pytest.raises(TypeError, match="unknown generation option 'nope'"):
         text_request("x", nope=1)
+    assert [c.stop_text for c in text_request("x", stop="end").stopping.conditions] == ["end"], "not e, n, d"
+
+
+async def test_leaving_a_stream_early_cancels_the_request() -> None:
+    """The server stops the work of a client that stopped reading (break, aclose)."""
+    slow = MockBackend(MockSettings(decode_time_per_step_s=0.01))  # the request alone runs for 5 s
+    async with serve_backends([("mock", slow)]) as running, await OpenEngineClient.connect(running.address) as client:
+        stream = client.stream(text_request("Hello", max_tokens=500, ignore_eos=True))
+        async for _ in stream:
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+        registry = running.gateway.registry
+        async with asyncio.timeout(2):
+            while len(registry):
+                await registry.wait_changed(None)
 
 
 async def test_generate_collects_every_output(gateway: RunningGateway) -> None:
@@ -93,6 +109,16 @@ async def test_sync_client(gateway: RunningGateway) -> None:
 
     text, state, code = await asyncio.to_thread(use)  # blocking calls, off the server's loop
     assert text and state == pb.HEALTH_STATE_READY and code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_closed_sync_client_closes_again_quietly_and_refuses_calls(gateway: RunningGateway) -> None:
+    def use() -> None:
+        with SyncClient(gateway.address) as client:
+            client.close()
+        with pytest.raises(ClientError, match="closed"):
+            client.health()
+
+    await asyncio.to_thread(use)
 
 
 async def test_sync_client_that_cannot_connect_leaves_nothing_running() -> None:
