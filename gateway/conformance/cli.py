@@ -26,11 +26,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file ('-' for stdout)")
     parser.add_argument("--token", help="bearer token, if the server requires one")
     parser.add_argument("--ca", type=Path, help="CA certificate (PEM) for a TLS server")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per rule")
+    parser.add_argument("--timeout", type=_positive, default=60.0, help="seconds per rule")
     return parser
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 async def _run(args: argparse.Namespace) -> int:
+    rules = all_rules(include_disruptive=args.include_disruptive)
+    if args.rule:
+        rules = [r for r in rules if any(fnmatch.fnmatch(r.id, pattern) for pattern in args.rule)]
+        if not rules:
+            raise ClientError(f"no rule matches {' '.join(args.rule)}")
     client = await OpenEngineClient.connect(
         args.target,
         token=args.token,
@@ -39,18 +51,15 @@ async def _run(args: argparse.Namespace) -> int:
     )
     async with client:
         target = await Target.open(client, args.model, timeout_s=args.timeout)
-        rules = all_rules(include_disruptive=args.include_disruptive)
-        if args.rule:
-            rules = [r for r in rules if any(fnmatch.fnmatch(r.id, pattern) for pattern in args.rule)]
         results = await run_rules(target, rules)
+    if args.json is None or str(args.json) != "-":
+        print(to_text(results, args.target))
     if args.json is not None:
         text = to_json(results, args.target)
         if str(args.json) == "-":
             print(text)
         else:
             args.json.write_text(text + "\n")
-    if args.json is None or str(args.json) != "-":
-        print(to_text(results, args.target))
     return 1 if any(r.outcome is Outcome.FAILED for r in results) else 0
 
 
@@ -59,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except ClientError as exc:
+    except (ClientError, OSError) as exc:  # OSError: an unreadable --ca, an unwritable --json
         print(f"openengine-gateway conformance: {exc}", file=sys.stderr)
         return 2
 
