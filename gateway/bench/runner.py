@@ -65,6 +65,8 @@ class RunOptions:
             raise ValueError("the duration must be positive")
         if self.warmup < 0:
             raise ValueError("the number of warm-up requests cannot be negative")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError("the request timeout must be positive")
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ class WorkloadSpec:
             raise WorkloadError("burstiness must be positive")
         if self.output_lengths.low < 1:
             raise WorkloadError("every request must ask for at least one output token")
+        if self.prompt_lengths.low + self.prefix_length < 1 and not self.prompts:
+            raise WorkloadError("every prompt needs at least one character or token")
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,14 @@ async def test_an_infinite_rate_for_a_duration_stops_at_the_deadline(gateway: Ru
 
 @pytest.mark.parametrize(
     "extra",
-    [("--request-rate", "inf", "--duration", "1"), ("--warmup", "-1"), ("--duration", "-1"), ("--num-requests", "0")],
+    [
+        ("--request-rate", "inf", "--duration", "1"),
+        ("--warmup", "-1"),
+        ("--duration", "-1"),
+        ("--num-requests", "0"),
+        ("--timeout", "0"),
+        ("--prompt-len", "0"),
+    ],
 )
 def test_unbounded_or_negative_loads_are_usage_errors(extra: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit) as exited:
