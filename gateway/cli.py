@@ -34,7 +34,7 @@ from . import logs
 from .config import Config, ConfigError, EngineSection, GatewaySection, load_config, with_flags
 from .core.gateway import Gateway, GatewayOptions
 from .engines import ConfigurationError
-from .launch import start_engines
+from .launch import EngineStartError, start_engines
 from .plugins import PluginError, installed_backends
 from .server.app import GatewayServer, ServerOptions
 from .server.auth import TokenAuth
@@ -175,7 +175,8 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
 
 async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Start engines and the server; stop gracefully on SIGINT/SIGTERM (one during startup stops
-    the gateway once it has started, so that no engine is left half started)."""
+    the gateway once it has started, so that no engine is left half started, or quietly when the
+    signal also stopped the engine starting)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     drain_timeout = 0.0
@@ -209,7 +210,13 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     )
     server_options = _server_options(section)
     drain_timeout = section.drain_timeout_s
-    engines = await start_engines(sections, config)
+    try:
+        engines = await start_engines(sections, config)
+    except EngineStartError as exc:
+        if not stop.is_set():
+            raise
+        log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
+        return 0
     server = GatewayServer(Gateway(engines, options), server_options)
     try:
         await server.start()
@@ -322,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ConfigurationError, PluginError, OSError) as exc:
         print(f"openengine-gateway: error: {exc}", file=sys.stderr)
         return 2
+    except EngineStartError as exc:
+        log.debug("engine startup failure", exc_info=exc)
+        print(f"openengine-gateway: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

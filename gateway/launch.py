@@ -14,6 +14,10 @@ from .spi.backend import Backend
 log = logging.getLogger(__name__)
 
 
+class EngineStartError(RuntimeError):
+    """A configured engine failed to start (its own error, logged by it, is the cause)."""
+
+
 @dataclass(frozen=True)
 class _Planned:
     section: EngineSection
@@ -47,7 +51,13 @@ async def start_engines(sections: Sequence[EngineSection], config: Config) -> En
     try:
         for plan in plan_engines(sections, config):
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
-            facts = await plan.backend.start()
+            try:
+                facts = await plan.backend.start()
+            except (ConfigurationError, OSError):
+                raise  # the user's to fix, reported as a usage error
+            except Exception as exc:
+                name = f"{plan.served_name!r} ({plan.section.backend})"
+                raise EngineStartError(f"engine {name} failed to start: {type(exc).__name__}: {exc}") from exc
             running.append(plan)
             started.append(Engine(plan.served_name, tuple(plan.section.aliases), plan.backend, facts))
         return EngineSet(started)
@@ -60,4 +70,4 @@ async def start_engines(sections: Sequence[EngineSection], config: Config) -> En
         raise
 
 
-__all__ = ["plan_engines", "start_engines"]
+__all__ = ["EngineStartError", "plan_engines", "start_engines"]

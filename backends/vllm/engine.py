@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Awaitable
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from openengine_gateway import pb
@@ -86,6 +89,25 @@ def _keep_only_stat_logger(engine: Any, kept: type) -> None:
         manager.stat_loggers[:] = [logger for logger in manager.stat_loggers if isinstance(logger, kept)]
 
 
+@contextlib.contextmanager
+def _rpc_base_path(path: str) -> Iterator[None]:
+    """Point vLLM's IPC socket files at ``path`` while an engine starts (its processes inherit it).
+
+    vLLM names its ZeroMQ sockets ``$VLLM_RPC_BASE_PATH/<uuid>`` (the temporary directory by
+    default) and leaves the files behind when it shuts down: seven a start, in /tmp. Each engine
+    here gets a directory of its own, removed when the engine stops.
+    """
+    previous = os.environ.get("VLLM_RPC_BASE_PATH")
+    os.environ["VLLM_RPC_BASE_PATH"] = path
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["VLLM_RPC_BASE_PATH"]
+        else:
+            os.environ["VLLM_RPC_BASE_PATH"] = previous
+
+
 class VllmBackend(Backend):
     """vLLM's ``AsyncLLM`` serving one model (``--backend vllm --model PATH_OR_ID``)."""
 
@@ -102,6 +124,7 @@ class VllmBackend(Backend):
         self._loras: dict[str, Any] = {}
         self._pooling: PoolingEngine | None = None
         self._dp_rank = 0
+        self._sockets: tempfile.TemporaryDirectory[str] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -116,12 +139,18 @@ class VllmBackend(Backend):
         args = AsyncEngineArgs(model=settings.model, **engine_kwargs(settings.engine_options))
         self._stats_enabled = not args.disable_log_stats
         ours = _stats_logger(self._stats)
-        self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[ours])
+        self._sockets = tempfile.TemporaryDirectory(prefix="openengine-vllm-", dir=os.environ.get("VLLM_RPC_BASE_PATH"))
+        try:
+            with _rpc_base_path(self._sockets.name):
+                self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[ours])
+        except BaseException:
+            self._sockets.cleanup()
+            raise
         _keep_only_stat_logger(self._engine, ours)
         try:
             return await self._describe(vllm.__version__)
         except BaseException:
-            self._engine.shutdown()
+            await self.stop()
             raise
 
     async def _describe(self, version: str) -> EngineFacts:
@@ -200,7 +229,7 @@ class VllmBackend(Backend):
         return PoolingEngine(self._engine, model, PoolingParams)
 
     async def stop(self) -> None:
-        """Shut the engine core down (its processes and sockets).
+        """Shut the engine core down (its processes, sockets and their files).
 
         vLLM's output loop is stopped first, so it does not report the core's exit as a failure.
         """
@@ -209,6 +238,8 @@ class VllmBackend(Backend):
             if engine.output_handler is not None:
                 engine.output_handler.cancel()
             await asyncio.to_thread(engine.shutdown)
+        if self._sockets is not None:
+            self._sockets.cleanup()
 
     # -- generation -----------------------------------------------------------------------
 

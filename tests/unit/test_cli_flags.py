@@ -211,3 +211,42 @@ def test_a_signal_during_startup_stops_the_gateway_once_started(monkeypatch: pyt
         backstop.cancel()
         signal.signal(signal.SIGTERM, previous)
     assert time.monotonic() - started < 5, "the signal during startup was lost"
+
+
+def test_an_engine_that_fails_to_start_is_one_error_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from openengine_gateway.launch import EngineStartError
+
+    async def failing_start(*arguments: Any) -> Any:
+        raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: no device")
+
+    monkeypatch.setattr(cli, "start_engines", failing_start)
+    assert cli.main(["--backend", "mock", "--port", "0"]) == 1
+    assert (
+        capsys.readouterr().err
+        == "openengine-gateway: error: engine 'm' (mock) failed to start: RuntimeError: no device\n"
+    )
+
+
+def test_a_signal_that_also_stops_the_starting_engine_stops_the_gateway_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in a terminal reaches the engine's own processes too: their failure is the stop, not an error."""
+    import os
+    import signal
+
+    from openengine_gateway.launch import EngineStartError
+
+    async def interrupted_start(*arguments: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.1)  # the handler runs
+        raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: cancelled")
+
+    monkeypatch.setattr(cli, "start_engines", interrupted_start)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        assert cli.main(["--backend", "mock", "--port", "0"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "openengine-gateway: error" not in capsys.readouterr().err

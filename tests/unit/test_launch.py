@@ -118,9 +118,22 @@ async def test_a_failed_start_stops_the_engines_already_started(
     ]
     plans = launch.plan_engines(sections, Config())
     monkeypatch.setattr(launch, "plan_engines", lambda *_: plans)  # keep hold of the backends
-    with pytest.raises(RuntimeError, match="cannot start m3"):
+    with pytest.raises(
+        launch.EngineStartError, match=r"engine 'c' \(fake\) failed to start: RuntimeError: cannot start m3"
+    ):
         await launch.start_engines(sections, Config())
     assert [plan.backend.stopped for plan in plans] == [True, True, False]  # type: ignore[attr-defined]
+
+
+async def test_a_configuration_error_from_start_stays_one(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver that finds its options unusable only when starting is still the user's to fix (exit 2)."""
+
+    async def refuse(self: Driver) -> EngineFacts:
+        raise ConfigurationError("model path does not exist")
+
+    monkeypatch.setattr(Driver, "start", refuse)
+    with pytest.raises(ConfigurationError, match="model path does not exist"):
+        await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
 
 
 async def test_an_engine_whose_table_is_refused_is_stopped_too(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from openengine_backends.vllm import VllmBackend, VllmSettings
 from openengine_gateway import pb
@@ -25,6 +29,11 @@ class AsyncLLM:
     errored: bool = False
     vllm_config: VllmConfig = field(default_factory=VllmConfig)
     engine_core: EngineCore = field(default_factory=EngineCore)
+    output_handler: None = None
+    shut_down: bool = False
+
+    def shutdown(self) -> None:
+        self.shut_down = True
 
 
 def started(engine: AsyncLLM) -> VllmBackend:
@@ -43,3 +52,15 @@ async def test_load_comes_from_the_latest_scheduler_stats() -> None:
 async def test_a_dead_engine_core_reports_no_load() -> None:
     """Its last stats describe requests that no longer run: every field is absent (unavailable)."""
     assert await started(AsyncLLM(errored=True)).load() == pb.LoadInfo()
+
+
+async def test_stop_shuts_the_engine_down_and_removes_its_socket_files(tmp_path: Path) -> None:
+    """vLLM leaves its IPC socket files behind; the directory ``start`` gave them goes with the engine."""
+    engine = AsyncLLM()
+    backend = started(engine)
+    backend._sockets = tempfile.TemporaryDirectory(dir=tmp_path)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(Path(backend._sockets.name) / "ipc"))
+    await backend.stop()
+    await backend.stop()  # a second stop is harmless
+    assert engine.shut_down and os.listdir(tmp_path) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 
 import grpc
 import pytest
@@ -97,6 +99,13 @@ def engine_backend(gateway: RunningGateway) -> object:
 def engine_requests(gateway: RunningGateway) -> int:
     """Requests vLLM's frontend still tracks."""
     return int(engine_backend(gateway)._engine.get_num_unfinished_requests())  # type: ignore[attr-defined]
+
+
+async def test_the_engine_s_socket_files_are_in_a_directory_of_its_own(gateway: RunningGateway) -> None:
+    """So that ``stop`` can remove them: vLLM itself leaves them in /tmp."""
+    directory = engine_backend(gateway)._sockets.name  # type: ignore[attr-defined]
+    assert os.path.basename(directory).startswith("openengine-vllm-")
+    assert any(stat.S_ISSOCK(entry.stat().st_mode) for entry in os.scandir(directory))
 
 
 async def test_abort_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
