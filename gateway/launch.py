@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import Config, EngineSection, engine_settings
+from .config import Config, ConfigError, EngineSection, engine_settings
 from .engines import ConfigurationError, Engine, EngineSet
 from .plugins import load_backend
 from .spi.backend import Backend
@@ -53,7 +53,7 @@ async def start_engines(sections: Sequence[EngineSection], config: Config) -> En
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
             try:
                 facts = await plan.backend.start()
-            except (ConfigurationError, OSError):
+            except (ConfigError, ConfigurationError, OSError):
                 raise  # the user's to fix, reported as a usage error
             except Exception as exc:
                 name = f"{plan.served_name!r} ({plan.section.backend})"

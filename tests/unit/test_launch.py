@@ -125,14 +125,17 @@ async def test_a_failed_start_stops_the_engines_already_started(
     assert [plan.backend.stopped for plan in plans] == [True, True, False]  # type: ignore[attr-defined]
 
 
-async def test_a_configuration_error_from_start_stays_one(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("error", [ConfigError, ConfigurationError, FileNotFoundError])
+async def test_a_configuration_error_from_start_stays_one(
+    loaded: object, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
     """A driver that finds its options unusable only when starting is still the user's to fix (exit 2)."""
 
     async def refuse(self: Driver) -> EngineFacts:
-        raise ConfigurationError("model path does not exist")
+        raise error("model path does not exist")
 
     monkeypatch.setattr(Driver, "start", refuse)
-    with pytest.raises(ConfigurationError, match="model path does not exist"):
+    with pytest.raises(error, match="model path does not exist"):
         await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
 
 
