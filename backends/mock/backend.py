@@ -170,7 +170,10 @@ class MockBackend(Backend):
         count = 1 if prefill_only else request.sampling.num_sequences
         self._check_capacity(len(prompt), 0 if prefill_only else max_tokens, count)
         core = self._rank(request)
-        guidance = None if prefill_only else request.guidance
+        guidance = request.guidance
+        if guidance is not None and prefill_only:
+            make_guide(guidance)  # checked here too; the decode engine applies it
+            guidance = None
         stopping = request.stopping
         outputs = [
             Output(

@@ -27,6 +27,8 @@ from openengine_gateway.spi import Guidance
 
 from .tokenizer import BYTE_TOKENS, EOS, VOCAB_SIZE
 
+GUIDE_BACKEND = "mock"
+"""The name of the one guided-decoding backend (these guides): ``guided.backend`` may name only it."""
 MASK_BUDGET_S = 0.1
 """The most one regex mask may take (normally well under a millisecond)."""
 MAX_PATTERN_CHARS = 512
@@ -120,6 +122,7 @@ class RegexGuide(Guide):
 
 def make_guide(guidance: Guidance) -> Guide:
     """A fresh guide for one output; raises ``InvalidArgument`` for a bad or unsatisfiable spec."""
+    guidance.require_backend(GUIDE_BACKEND, engine="mock", setting="guided-decoding backend")
     if guidance.mode == pb.GUIDED_DECODING_MODE_CHOICE:
         guide: Guide = ChoiceGuide(guidance.choices)
     elif guidance.mode == pb.GUIDED_DECODING_MODE_REGEX:
@@ -140,4 +143,4 @@ def make_guide(guidance: Guidance) -> Guide:
     return guide
 
 
-__all__ = ["ChoiceGuide", "Guide", "RegexGuide", "make_guide"]
+__all__ = ["GUIDE_BACKEND", "ChoiceGuide", "Guide", "RegexGuide", "make_guide"]

@@ -57,6 +57,22 @@ def test_make_guide_rejects_bad_and_unsatisfiable_specs() -> None:
         make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec=r"\p{Greek}+"))
 
 
+def test_a_guide_may_name_only_the_mock_s_own_backend() -> None:
+    """An engine serves every guide with its one backend: a request naming another is refused, not rerouted."""
+    make_guide(Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=("a",), backend=guided.GUIDE_BACKEND))
+    with pytest.raises(InvalidArgument, match=r"guided\.backend 'xgrammar' differs"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=("a",), backend="xgrammar"))
+
+
+async def test_a_prefill_engine_checks_the_guide_the_decode_engine_applies() -> None:
+    bad = Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="(unclosed")
+    async with engine(role="prefill") as prefiller:
+        with pytest.raises(InvalidArgument, match="does not compile"):
+            await generate(prefiller, guidance=bad)
+        good = Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="[0-9]+")
+        assert (await generate(prefiller, guidance=good)).prefill is not None
+
+
 async def test_generation_follows_a_regex() -> None:
     pattern = r"(red|green|blue)-[0-9]{1,3}"
     async with engine() as backend:
