@@ -31,6 +31,26 @@ def worst(states: Iterable[pb.HealthState.ValueType]) -> pb.HealthState.ValueTyp
     return max(states, key=lambda s: _SEVERITY.get(s, 3), default=pb.HEALTH_STATE_READY)
 
 
+CHECK_TIMEOUT_S = 10.0
+"""A health check that takes longer than this reports the engine NOT_READY."""
+
+
+async def engine_checks(engine: Engine) -> list[pb.HealthCheck]:
+    """The engine's own checks, or one NOT_READY check when checking raised or hung.
+
+    Drivers are asked to raise nothing, but one that does (or a wedged engine) must read as
+    that engine being unready, not fail the Health of every engine behind the endpoint.
+    """
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
+            return list(await engine.backend.check_health())
+    except TimeoutError:
+        message = f"health check took longer than {CHECK_TIMEOUT_S:g}s"
+    except Exception as exc:  # broad on purpose: a check that raises reports a broken engine
+        message = f"health check failed: {type(exc).__name__}: {exc}"
+    return [pb.HealthCheck(name="engine", state=pb.HEALTH_STATE_NOT_READY, message=message)]
+
+
 class LifecycleService:
     """Health with inference probes, Abort by id, session or all, and Drain."""
 
@@ -69,7 +89,7 @@ class LifecycleService:
             )
         checks = [pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_READY, message="serving")]
         for engine in selected:
-            for check in await engine.backend.check_health():
+            for check in await engine_checks(engine):
                 checks.append(
                     pb.HealthCheck(name=check.name, state=check.state, message=self._prefix(engine) + check.message)
                 )
@@ -77,7 +97,7 @@ class LifecycleService:
             engine = selected[0]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
                 checks.append(_role_check(engine, request.role, self._prefix(engine)))
-            checks.append(await self._probe_check(engine))
+            checks.append(await self._probe_check(engine, self._prefix(engine)))
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
@@ -86,16 +106,16 @@ class LifecycleService:
         """What tells one engine's check messages from another's behind a shared endpoint."""
         return f"{engine.served_name}: " if len(self._engines) > 1 else ""
 
-    async def _probe_check(self, engine: Engine) -> pb.HealthCheck:
+    async def _probe_check(self, engine: Engine, prefix: str) -> pb.HealthCheck:
         try:
             async with asyncio.timeout(self._probe_timeout):  # not wait_for: on 3.11 it can swallow a cancel
                 message = await self.probe(engine)
-            return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_READY, message=message)
+            return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_READY, message=prefix + message)
         except TimeoutError:
             text = f"no result within {self._probe_timeout:g}s"
         except Exception as exc:  # broad on purpose: any probe failure is a NOT_READY check
             text = as_failure(exc).message
-        return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_NOT_READY, message=text)
+        return pb.HealthCheck(name="inference_probe", state=pb.HEALTH_STATE_NOT_READY, message=prefix + text)
 
     async def probe(self, engine: Engine) -> str:
         """A minimal real inference fitting the engine's role; returns what it observed.

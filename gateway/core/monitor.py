@@ -18,13 +18,10 @@ from .. import pb
 from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure
-from .lifecycle import worst
+from .lifecycle import CHECK_TIMEOUT_S, engine_checks, worst
 from .state import GatewayState
 
 log = logging.getLogger(__name__)
-
-_CHECK_TIMEOUT_S = 10.0
-"""A health check that takes longer than this reports the engine NOT_READY."""
 
 
 class EngineMonitor:
@@ -68,7 +65,7 @@ class EngineMonitor:
                 self._state.engines_down.pop(engine.served_name, None)
                 log.warning("engine %r recovered (%s)", engine.served_name, pb.HealthState.Name(state))
             try:
-                async with asyncio.timeout(_CHECK_TIMEOUT_S):
+                async with asyncio.timeout(CHECK_TIMEOUT_S):
                     self.load[engine.served_name] = await engine.backend.load()
             except Exception:  # broad on purpose: load is informational; health covers a broken engine
                 log.debug("load of %r unavailable", engine.served_name, exc_info=True)
@@ -92,13 +89,7 @@ class EngineMonitor:
 
 async def _check(engine: Engine) -> tuple[pb.HealthState.ValueType, str]:
     """The engine's overall state and the message of its least ready check."""
-    try:
-        async with asyncio.timeout(_CHECK_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
-            checks = await engine.backend.check_health()
-    except TimeoutError:
-        return pb.HEALTH_STATE_NOT_READY, f"health check took longer than {_CHECK_TIMEOUT_S:g}s"
-    except Exception as exc:  # broad on purpose: a check that raises reports a broken engine
-        return pb.HEALTH_STATE_NOT_READY, f"health check failed: {type(exc).__name__}: {exc}"
+    checks = await engine_checks(engine)
     state = worst([check.state for check in checks])
     messages = [f"{check.name}: {check.message}" for check in checks if check.state == state]
     return state, "; ".join(messages) or pb.HealthState.Name(state)

@@ -342,9 +342,36 @@ async def test_health_of_several_engines_and_model_selection() -> None:
     assert await lifecycle.health(pb.HealthRequest(model="zzz")) == everything
     healthy.on_generate = scripted(UsageReport(1, 1), OutputFinished(0, pb.FINISH_REASON_LENGTH))
     only_a = await lifecycle.health(pb.HealthRequest(model="a", include_inference_probe=True))
-    assert only_a.state == READY and [c.message for c in only_a.checks[1:]] == ["a: ok", "generated a token"]
+    assert only_a.state == READY and [c.message for c in only_a.checks[1:]] == ["a: ok", "a: generated a token"]
     with pytest.raises(NotFound):
         await lifecycle.health(pb.HealthRequest(model="zzz", include_inference_probe=True))
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [(RuntimeError("driver bug"), "b: health check failed: RuntimeError: driver bug"), (None, "b: health check took")],
+    ids=["raises", "hangs"],
+)
+async def test_a_check_that_raises_or_hangs_is_that_engine_not_ready(
+    monkeypatch: pytest.MonkeyPatch, failure: Exception | None, message: str
+) -> None:
+    """Not a failed Health for every engine behind the endpoint."""
+    from openengine_gateway.core import lifecycle as module
+
+    monkeypatch.setattr(module, "CHECK_TIMEOUT_S", 0.05)
+    healthy, broken = FakeBackend(), FakeBackend()
+
+    async def check_health() -> list[pb.HealthCheck]:
+        if failure is not None:
+            raise failure
+        await asyncio.sleep(10)
+        return []
+
+    broken.check_health = check_health  # type: ignore[method-assign]
+    response = await service(CoreParts(), (healthy, "a"), (broken, "b")).health(pb.HealthRequest())
+    assert response.state == NOT_READY
+    assert [(c.name, c.state) for c in response.checks] == [("grpc", READY), ("model", READY), ("engine", NOT_READY)]
+    assert response.checks[2].message.startswith(message)
 
 
 async def test_health_role_check_belongs_to_the_probe() -> None:
