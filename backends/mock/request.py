@@ -8,8 +8,8 @@ token's record and its newly completed text, then, when the output ends, the
 Stop rules: ``completion_tokens`` counts every sampled token. EOS stays in the token records
 but never has text. ``include_stop_in_output`` decides whether a matched caller stop token
 (its record and its text) or stop string (its text) remains in the emitted output. Before
-``min_tokens`` tokens exist, EOS and stop tokens are banned from sampling and stop strings
-are not matched. Logprobs are the model's raw
+``min_tokens`` tokens exist, EOS and stop tokens are banned from sampling and no stop string
+may complete (one that begins earlier and completes later counts). Logprobs are the model's raw
 distribution, before temperature and penalties.
 """
 
@@ -178,7 +178,7 @@ class MockRequest:
             self._deliver(output, kept, text, pb.FINISH_REASON_STOP, stop)
             return
         new_text = output.decoder.feed(token)
-        fed = output.matcher.feed(new_text) if output.generated >= stopping.min_tokens else new_text
+        fed = output.matcher.feed(new_text, armed=output.generated >= stopping.min_tokens)
         if isinstance(fed, StopTextHit):
             self._deliver(output, record, fed.text, pb.FINISH_REASON_STOP, StopMatch.text(fed.stop))
             return

@@ -187,9 +187,7 @@ class RequestStream:
 
     def _match(self, state: _Output, new_text: str) -> str | StopTextHit:
         """Stop strings count from ``min_tokens`` on, as TensorRT-LLM's own stop words do."""
-        if state.generated < self._request.stopping.min_tokens:
-            return new_text
-        return state.matcher.feed(new_text)
+        return state.matcher.feed(new_text, armed=state.generated >= self._request.stopping.min_tokens)
 
     def _records(self, state: _Output, completion: Any, first: int, new_ids: Sequence[int]) -> list[TokenRecord]:
         wanted = self._request.output_logprobs

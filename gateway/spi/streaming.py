@@ -77,41 +77,51 @@ class StopTextMatcher:
     ``StopTextHit`` when a stop string completed: its ``text`` is the remaining output up to
     the match, plus the stop string itself when ``include_stop`` is set. ``flush()`` returns
     the held-back text when the output ends for another reason.
+
+    Text fed with ``armed=False`` (tokens before ``min_tokens``) cannot end the output, but what
+    could begin a stop string is held back as always: a stop string that this text begins and
+    later, armed text completes still ends it, as in vLLM, where stop strings are checked from
+    ``min_tokens`` on over the text generated before too.
     """
 
-    __slots__ = ("_buffer", "_include", "_longest", "_stops")
+    __slots__ = ("_buffer", "_include", "_longest", "_stops", "_unarmed")
 
     def __init__(self, stops: Sequence[str], *, include_stop: bool) -> None:
         self._stops = tuple(s for s in stops if s)
         self._longest = max((len(s) for s in self._stops), default=0)
         self._include = include_stop
         self._buffer = ""
+        self._unarmed = 0
+        """How many leading characters of the buffer were fed unarmed: no match may end among them."""
 
-    def feed(self, new_text: str) -> str | StopTextHit:
+    def feed(self, new_text: str, *, armed: bool = True) -> str | StopTextHit:
         """Add generated text; return emit-able text, or the hit that ends the output."""
         if not self._stops:
             return new_text
         buffer = self._buffer + new_text
-        # The stop string that completes first wins (on a tie, the longer one), as if the
-        # text had arrived one character at a time: the result never depends on chunking.
-        hit_end, hit = -1, ""
-        for stop in self._stops:
-            at = buffer.find(stop)
-            if at == -1:
-                continue
-            end = at + len(stop)
-            if hit_end == -1 or end < hit_end or (end == hit_end and len(stop) > len(hit)):
-                hit_end, hit = end, stop
-        if hit_end != -1:
-            self._buffer = ""
-            return StopTextHit(buffer[: hit_end if self._include else hit_end - len(hit)], hit)
+        if armed:
+            # The stop string that completes first wins (on a tie, the longer one), as if the
+            # text had arrived one character at a time: the result never depends on chunking.
+            hit_end, hit = -1, ""
+            for stop in self._stops:
+                at = buffer.find(stop, max(0, self._unarmed - len(stop) + 1))
+                if at == -1:
+                    continue
+                end = at + len(stop)
+                if hit_end == -1 or end < hit_end or (end == hit_end and len(stop) > len(hit)):
+                    hit_end, hit = end, stop
+            if hit_end != -1:
+                self._buffer, self._unarmed = "", 0
+                return StopTextHit(buffer[: hit_end if self._include else hit_end - len(hit)], hit)
         keep = self._held_suffix(buffer)
-        self._buffer = buffer[len(buffer) - keep :] if keep else ""
-        return buffer[: len(buffer) - keep]
+        released = len(buffer) - keep
+        self._buffer = buffer[released:]
+        self._unarmed = keep if not armed else max(0, self._unarmed - released)
+        return buffer[:released]
 
     def flush(self) -> str:
         """Release held-back text (the output ended without completing a stop string)."""
-        text, self._buffer = self._buffer, ""
+        text, self._buffer, self._unarmed = self._buffer, "", 0
         return text
 
     def _held_suffix(self, buffer: str) -> int:

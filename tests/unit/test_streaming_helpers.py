@@ -142,10 +142,26 @@ def test_overlapping_prefixes_are_held() -> None:
     assert matcher.feed("b") == StopTextHit("", "aab")
 
 
-def reference(text: str, stops: list[str], include: bool) -> tuple[str, str | None]:
+def test_unarmed_text_cannot_complete_a_stop_but_may_begin_one() -> None:
+    """Before ``min_tokens`` no stop string ends the output; one that starts there and completes
+    after it does (the stop straddles the boundary), as in vLLM."""
+    matcher = StopTextMatcher(["ab"], include_stop=False)
+    assert matcher.feed("xab", armed=False) == "xab"  # completed unarmed: ignored
+    assert matcher.feed("a", armed=False) == ""  # held: it may begin "ab"
+    assert matcher.feed("b") == StopTextHit("", "ab")
+    shorter = StopTextMatcher(["ab", "b"], include_stop=False)
+    assert shorter.feed("b", armed=False) == ""  # a whole stop, held unarmed...
+    assert shorter.feed("x") == "bx"  # ...is never matched later
+    straddling = StopTextMatcher(["i h^"], include_stop=False)
+    assert straddling.feed("pwui ", armed=False) == "pwu"
+    assert straddling.feed("h") == ""
+    assert straddling.feed("^>") == StopTextHit("", "i h^")
+
+
+def reference(text: str, stops: list[str], include: bool, armed_from: int = 0) -> tuple[str, str | None]:
     """The output of one stream: the text up to the first stop string to complete (ties: the
-    one that started first), or all of it."""
-    for end in range(1, len(text) + 1):
+    one that started first) after the first ``armed_from`` characters, or all of it."""
+    for end in range(armed_from + 1, len(text) + 1):
         ending = [s for s in stops if s and text[:end].endswith(s)]
         if ending:
             stop = max(ending, key=len)
@@ -154,10 +170,11 @@ def reference(text: str, stops: list[str], include: bool) -> tuple[str, str | No
     return text, None
 
 
-def run(matcher: StopTextMatcher, chunks: list[str]) -> tuple[str, str | None]:
+def run(matcher: StopTextMatcher, chunks: list[str], unarmed: int = 0) -> tuple[str, str | None]:
+    """Feed ``chunks``, the first ``unarmed`` of them unarmed."""
     emitted = ""
-    for chunk in chunks:
-        result = matcher.feed(chunk)
+    for position, chunk in enumerate(chunks):
+        result = matcher.feed(chunk, armed=position >= unarmed)
         if isinstance(result, StopTextHit):
             return emitted + result.text, result.stop
         emitted += result
@@ -186,6 +203,24 @@ def test_stop_matcher_matches_the_reference(text: str, stops: list[str], cuts: l
     assert (output, stop) == reference(text, stops, include)
     body = output[: len(output) - len(stop)] if include and stop else output
     assert not any(s in body for s in stops)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    small_text,
+    st.lists(st.text(alphabet="abc\n", min_size=1, max_size=4), min_size=1, max_size=3),
+    st.lists(st.integers(0, 24), max_size=8),
+    st.integers(0, 24),
+    st.booleans(),
+)
+def test_stop_matcher_with_unarmed_text_matches_the_reference(
+    text: str, stops: list[str], cuts: list[int], boundary: int, include: bool
+) -> None:
+    """Text before ``min_tokens`` fed unarmed: only a stop string completing after it counts."""
+    boundary = min(boundary, len(text))
+    before, after = chunked(text[:boundary], cuts), chunked(text[boundary:], cuts)
+    output, stop = run(StopTextMatcher(stops, include_stop=include), before + after, unarmed=len(before))
+    assert (output, stop) == reference(text, stops, include, armed_from=boundary)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

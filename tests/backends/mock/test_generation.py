@@ -93,6 +93,21 @@ async def test_stop_token_with_and_without_its_text() -> None:
     assert stop_id not in late.tokens[0][:3]
 
 
+async def test_a_stop_string_that_completes_past_min_tokens_ends_the_output() -> None:
+    """Even when it began before ``min_tokens`` (vLLM's rule); one that completed before does not."""
+    long = Stopping(max_tokens=24, ignore_eos=True)
+    async with engine() as backend:
+        text = (await generate(backend, sampling=GREEDY, stopping=long)).text[0]
+        stop = text[3:7]  # tokens 4-7 (one byte each): completes at the 7th token
+        straddling = Stopping(max_tokens=24, ignore_eos=True, min_tokens=5, stop_texts=(stop,))
+        cut = await generate(backend, sampling=GREEDY, stopping=straddling)
+        late = Stopping(max_tokens=24, ignore_eos=True, min_tokens=8, stop_texts=(stop,))
+        ignored = await generate(backend, sampling=GREEDY, stopping=late)
+    assert text.count(stop) == 1 and text.isascii()
+    assert (cut.text[0], cut.finished[0].reason) == (text[:3], pb.FINISH_REASON_STOP)
+    assert (ignored.text[0], ignored.finished[0].reason) == (text, pb.FINISH_REASON_LENGTH)
+
+
 async def test_a_stop_token_outside_the_vocabulary_is_refused() -> None:
     """Before ``min_tokens`` stop tokens are banned from sampling: an id past the vocabulary would index nothing."""
     async with engine() as backend:

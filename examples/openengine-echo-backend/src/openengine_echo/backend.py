@@ -104,7 +104,7 @@ class EchoBackend(Backend):
                     keep = stop.stop_token_id is None or stopping.include_stop_in_output
                     yield TokenDelta(0, [record] if keep else [], matcher.flush() + (piece(token) if keep else ""))
                 else:
-                    fed = matcher.feed(piece(token)) if past_min else piece(token)
+                    fed = matcher.feed(piece(token), armed=past_min)
                     hit = fed if isinstance(fed, StopTextHit) else None
                     stop = StopMatch.text(hit.stop) if hit is not None else None
                     yield TokenDelta(0, [record], hit.text if hit is not None else fed)
