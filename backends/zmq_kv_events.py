@@ -67,6 +67,14 @@ def _fields(event: Any) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"unrecognized KV event encoding: {event!r}")
 
 
+def _token_ids(values: Sequence[Any]) -> Sequence[Any]:
+    """A block's token ids. SGLang's EAGLE engines key their radix cache by bigrams and publish
+    each position as the pair (its token, the next token)."""
+    if values and isinstance(values[0], list | tuple):
+        return [pair[0] for pair in values]
+    return values
+
+
 def decode_event(event: Any) -> pb.KvEvent:
     """One ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
     tag, fields = _fields(event)
@@ -74,7 +82,7 @@ def decode_event(event: Any) -> pb.KvEvent:
     if tag == "BlockStored":
         stored = pb.BlockStored(
             block_hashes=[block_hash(h) for h in fields["block_hashes"]],
-            token_ids=fields.get("token_ids") or (),
+            token_ids=_token_ids(fields.get("token_ids") or ()),
             block_size=fields.get("block_size") or 0,
             lora_id=fields.get("lora_id") or 0,
             lora_name=fields.get("lora_name") or "",

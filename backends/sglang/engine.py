@@ -328,15 +328,25 @@ class SglangBackend(Backend):
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
         """``Engine.async_load_lora_adapter``; requests then name the adapter as ``lora_path``."""
+        self._check_dynamic_lora()
         result = await self._running().async_load_lora_adapter(adapter.lora_name, adapter.source_path)
         if not result.success:
             raise InvalidArgument(f"SGLang could not load adapter {adapter.lora_name!r}: {result.error_message}")
 
     async def unload_lora(self, adapter: LoraAdapter) -> None:
         """``Engine.async_unload_lora_adapter`` (SGLang waits for the requests using it)."""
+        self._check_dynamic_lora()
         result = await self._running().async_unload_lora_adapter(adapter.lora_name)
         if not result.success:
             raise FailedPrecondition(f"SGLang could not unload adapter {adapter.lora_name!r}: {result.error_message}")
+
+    def _check_dynamic_lora(self) -> None:
+        """SGLang asserts ``dp_size == 1`` when adapters are loaded or unloaded at runtime."""
+        if self._limits.dp_size > 1:
+            raise FailedPrecondition(
+                f"SGLang loads and unloads adapters at runtime only with dp_size 1 (this engine has "
+                f"{self._limits.dp_size}); start it with --lora-paths instead"
+            )
 
     # -- health, load, KV events ----------------------------------------------------------
 

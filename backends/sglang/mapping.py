@@ -138,12 +138,24 @@ def plan_generation(
         shared.update(decode_bootstrap(request.kv_session, limits))
     elif limits.role == pb.ENGINE_ROLE_DECODE:  # the gateway's health probe: decode as SGLang's own health check does
         shared.update(bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_room=0)
-    return GenerationPlan(shared, _per_output(request, sampling))
+    return GenerationPlan(shared, _per_output(request, sampling, deterministic=limits.deterministic))
 
 
-def _per_output(request: GenerationRequest, sampling: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    """One SGLang request per output: seeds ``seed + index`` (else the samples would be equal)."""
+DETERMINISTIC_DEFAULT_SEED = 42
+"""The seed SGLang's deterministic mode gives a request without one (``sampling_batch_info.py``)."""
+
+
+def _per_output(
+    request: GenerationRequest, sampling: dict[str, Any], *, deterministic: bool
+) -> tuple[dict[str, Any], ...]:
+    """One SGLang request per output: seeds ``seed + index`` (else the samples would be equal).
+
+    In deterministic mode SGLang seeds every unseeded request alike, so several unseeded outputs
+    start from its default seed: the first is what one unseeded output would be, the others differ.
+    """
     seed = request.sampling.seed
+    if seed is None and deterministic and request.sampling.num_sequences > 1:
+        seed = DETERMINISTIC_DEFAULT_SEED
     prompt_start = prompt_logprob_row(request.prompt_logprob_start) if request.prompt_logprobs else -1
     outputs = []
     for index in range(request.sampling.num_sequences):

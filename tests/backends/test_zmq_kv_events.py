@@ -94,6 +94,14 @@ def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
     assert second.block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
 
 
+def test_an_eagle_engine_s_bigram_tokens_decode_as_its_tokens() -> None:
+    """SGLang keys an EAGLE engine's radix cache by bigrams; its events carry each position as the
+    pair (token, next token) (``mem_cache/events.py``)."""
+    stored = {"type": "BlockStored", "block_hashes": [5], "token_ids": [[1, 15043], [15043, 29892]], "block_size": 2}
+    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    assert list(event.block_stored.token_ids) == [1, 15043]
+
+
 def test_int_hashes_and_a_missing_rank() -> None:
     assert block_hash(2**63 + 1) == pb.KvBlockHash(value=(2**63 + 1).to_bytes(8, "big"), encoding="int64")
     assert block_hash(-2).value == (-2).to_bytes(8, "big", signed=True)

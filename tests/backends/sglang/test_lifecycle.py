@@ -108,6 +108,17 @@ async def test_lora_is_refused_where_sglang_runs_without_it(fake: types.ModuleTy
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+async def test_runtime_lora_loading_is_refused_with_several_dp_ranks(fake: types.ModuleType, tmp_path: Path) -> None:
+    """SGLang asserts dp_size 1 there: an assertion would read as an internal error."""
+    async with serving(sglang(enable_lora=True, dp_size=2)) as running:
+        adapter = pb.LoraAdapter(lora_id=7, lora_name="tuned", source_path=str(tmp_path))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "dp_size 1" in (error.value.details() or "")
+    assert fake_engine.ENGINES[0].lora_calls == []
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

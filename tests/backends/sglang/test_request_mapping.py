@@ -92,6 +92,17 @@ def test_seeds_need_deterministic_inference_and_differ_per_output() -> None:
     assert signed_seed(2**63) == -(2**63) and signed_seed(5) == 5
 
 
+def test_unseeded_outputs_differ_in_deterministic_mode() -> None:
+    """SGLang seeds every unseeded request 42 there: several outputs would all be the same sample."""
+    deterministic = EngineLimits(max_context=100, max_prompt=94, vocab_size=128, deterministic=True)
+    several = plan_generation(request(sampling=Sampling(num_sequences=3)), deterministic, input_ids=[1])
+    assert [o["sampling_params"]["sampling_seed"] for o in several.outputs] == [42, 43, 44]
+    one = plan_generation(request(), deterministic, input_ids=[1])
+    assert "sampling_seed" not in one.outputs[0]["sampling_params"], "one output keeps SGLang's own default"
+    sampled = plan_generation(request(sampling=Sampling(num_sequences=3)), LIMITS, input_ids=[1])
+    assert all("sampling_seed" not in o["sampling_params"] for o in sampled.outputs), "random without the mode"
+
+
 def test_stopping_maps_to_sglangs_names() -> None:
     stopping = Stopping(max_tokens=9, min_tokens=2, stop_texts=("x",), stop_token_ids=(3,), include_stop_in_output=True)
     values = sampling_of(request(stopping=stopping))
