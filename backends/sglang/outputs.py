@@ -138,13 +138,19 @@ class RequestStream:
         return next((i for i in range(first, len(ids)) if ids[i] in self._watched), None)
 
     def usage(self) -> UsageReport:
-        """Cumulative counts over every output; cache hits are those every output's prompt had."""
+        """Cumulative counts over every output; cache hits are those every output's prompt had.
+
+        SGLang counts reasoning tokens only for a request that sets ``require_reasoning`` (its chat
+        layer's decision, from the chat template) or a model that opens its think block itself,
+        and reports 0 otherwise: a 0 is therefore unknown (absent), not none.
+        """
         cached = [c for c in self._cached if c is not None]
+        reasoning = sum(self._reasoning) if self._reasoning is not None else 0
         return UsageReport(
             prompt_tokens=self._prompt_tokens or 0,
             completion_tokens=sum(self._completion),
             cached_prompt_tokens=min(cached) if cached else None,
-            reasoning_tokens=None if self._reasoning is None else sum(self._reasoning),
+            reasoning_tokens=reasoning or None,
         )
 
     def _count(self, index: int, meta: Mapping[str, Any], generated: int, cut: bool) -> None:

@@ -224,6 +224,9 @@ def test_several_outputs_share_cumulative_usage() -> None:
     s.events(1, out("ab", [97, 98], cached_tokens=0, reasoning_tokens=1))
     events = s.events(0, out("c", [99], {"type": "length", "length": 1}, cached_tokens=2, reasoning_tokens=1))
     assert events[1] == UsageReport(prompt_tokens=3, completion_tokens=3, cached_prompt_tokens=0, reasoning_tokens=2)
+    uncounted = stream(request(), reasoning=True)
+    (*_, usage, _finished) = uncounted.events(0, out("c", [99], {"type": "length", "length": 1}, reasoning_tokens=0))
+    assert usage.reasoning_tokens is None, "SGLang reports 0 where it did not count"
 
 
 def test_unknown_finish_types_fail() -> None:
