@@ -116,7 +116,9 @@ def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max
         attention_dp=bool(args.enable_attention_dp),
         role=ROLES[role],
         transfer_backend=str(getattr(transceiver, "backend", "") or "").lower(),
-        kv_events=(getattr(kv_config, "event_buffer_max_size", 0) or 0) > 0,
+        # TensorRT-LLM records KV events only with a buffer and block reuse both on (``LLM.get_kv_cache_events``).
+        kv_events=(getattr(kv_config, "event_buffer_max_size", 0) or 0) > 0
+        and bool(getattr(kv_config, "enable_block_reuse", True)),
     )
 
 

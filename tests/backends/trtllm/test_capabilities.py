@@ -63,6 +63,10 @@ def test_the_started_engine_is_read_off_its_arguments_statistics_and_signature()
     assert (read.max_seq_len, read.max_batch_size, read.max_num_tokens) == (2048, 16, 4096)
     assert (read.tokens_per_block, read.total_kv_blocks) == (32, 100)
     assert read.eos_token_ids == (7,) and read.cache_salt and not read.priority and not read.kv_events
+    publishing = SimpleNamespace(tokens_per_block=64, event_buffer_max_size=8, enable_block_reuse=True)
+    assert features(llm(kv_cache_config=publishing)).kv_events
+    no_reuse = SimpleNamespace(tokens_per_block=64, event_buffer_max_size=8, enable_block_reuse=False)
+    assert not features(llm(kv_cache_config=no_reuse)).kv_events, "TensorRT-LLM records no events without reuse"
     without_stats = features(llm(max_seq_len=512), stats=None)
     assert without_stats.max_seq_len == 512 and without_stats.tokens_per_block == 64
     assert without_stats.total_kv_blocks is None
