@@ -95,11 +95,15 @@ class Config(_Strict):
     engines: list[EngineSection] = []
 
 
-def _describe(error: ValidationError, source: str) -> str:
+def _describe(error: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> str:
+    """One line per error, naming its key (and, from ``origins``, where a key was set)."""
     lines = [f"{source}: invalid configuration"]
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"])
-        lines.append(f"  {key}: {item['msg']}")
+        loc = item["loc"]
+        message = item["msg"].removeprefix("Value error, ")
+        origin = (origins or {}).get(str(loc[0])) if loc else None
+        where = f" (set in {origin})" if origin else ""
+        lines.append(f"  {'.'.join(str(part) for part in loc)}: {message}{where}" if loc else f"  {message}")
     return "\n".join(lines)
 
 
@@ -131,12 +135,18 @@ def with_flags(section: GatewaySection, flags: Mapping[str, Any]) -> GatewaySect
         raise ConfigError(_describe(exc, "command line")) from None
 
 
-def engine_settings(settings_model: type[BackendSettings], options: Mapping[str, Any], source: str) -> BackendSettings:
-    """Validate a driver's options with its own settings model; errors name the key."""
+def engine_settings(
+    settings_model: type[BackendSettings],
+    options: Mapping[str, Any],
+    source: str,
+    origins: Mapping[str, str] | None = None,
+) -> BackendSettings:
+    """Validate a driver's options with its own settings model; errors name the key, and where
+    it was set when ``origins`` says (an option from ``[backends.NAME]`` rather than the engine's)."""
     try:
         return settings_model.model_validate(dict(options))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from None
+        raise ConfigError(_describe(exc, source, origins)) from None
 
 
 __all__ = [

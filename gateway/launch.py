@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .config import Config, ConfigError, EngineSection, engine_settings
 from .engines import ConfigurationError, Engine, EngineSet
-from .plugins import load_backend
+from .plugins import PluginError, installed_backends, load_backend
 from .spi.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -29,19 +29,37 @@ def plan_engines(sections: Sequence[EngineSection], config: Config) -> list[_Pla
     """Load drivers and validate options and names before anything starts."""
     if not sections:
         raise ConfigurationError("no engine to serve: pass --backend, or add [[engines]] to plugins.toml")
+    _check_backend_tables(config)
     planned: list[_Planned] = []
-    names: set[str] = set()
+    names: dict[str, str] = {}  # name -> the engine serving it
     for position, section in enumerate(sections):
-        driver = load_backend(section.backend, config.plugins.allow)
-        options = {**config.backends.get(section.backend, {}), **section.options}
-        settings = engine_settings(driver.Settings, options, f"engines[{position}] ({section.backend}) options")
+        label = f"engines[{position}] ({section.backend})"
+        try:
+            driver = load_backend(section.backend, config.plugins.allow)
+        except PluginError as exc:
+            raise PluginError(f"{label}: {exc}") from None
+        defaults = config.backends.get(section.backend, {})
+        origins = {key: f"[backends.{section.backend}]" for key in defaults if key not in section.options}
+        settings = engine_settings(driver.Settings, {**defaults, **section.options}, f"{label} options", origins)
         served = section.served_model_name or settings.model or section.backend
-        for name in (served, *section.aliases):
+        for kind, name in (("name", served), *(("alias", alias) for alias in section.aliases)):
             if name in names:
-                raise ConfigurationError(f"model name {name!r} is served twice")
-            names.add(name)
+                raise ConfigurationError(f"{label}: model {kind} {name!r} is served twice (also by {names[name]})")
+            names[name] = label
         planned.append(_Planned(section, driver(settings), served))
     return planned
+
+
+def _check_backend_tables(config: Config) -> None:
+    """A ``[backends.NAME]`` table must name a backend that could load: a typo would drop its defaults."""
+    allowed = config.plugins.allow
+    installed = {backend.name for backend in installed_backends()}
+    for name in config.backends:
+        if allowed is not None and name not in allowed:
+            raise ConfigurationError(f"[backends.{name}]: {name!r} is not in [plugins] allow ({', '.join(allowed)})")
+        if name not in installed:
+            known = ", ".join(sorted(installed))
+            raise ConfigurationError(f"[backends.{name}]: no installed backend is called {name!r} (installed: {known})")
 
 
 async def start_engines(sections: Sequence[EngineSection], config: Config) -> EngineSet:

@@ -10,6 +10,7 @@ from openengine_gateway import launch
 from openengine_gateway.config import Config, ConfigError, EngineSection, PluginsSection
 from openengine_gateway.contract.capabilities import CapabilityError
 from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.plugins import InstalledBackend
 from openengine_gateway.spi import Backend, BackendSettings, EngineFacts
 from pydantic import Field
 
@@ -42,6 +43,7 @@ def loaded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Collection[str] |
         return Driver
 
     monkeypatch.setattr(launch, "load_backend", load_backend)
+    monkeypatch.setattr(launch, "installed_backends", lambda: [InstalledBackend("fake", "tests:Driver", "tests", "0")])
     monkeypatch.setattr(Driver, "started_order", [])
     monkeypatch.setattr(Driver, "fail_start", set())
     return calls
@@ -77,20 +79,80 @@ def test_invalid_options_name_the_engine_and_key(loaded: object) -> None:
     assert "\n  bogus: " in raised.value.args[0]
 
 
+def test_an_option_from_backend_defaults_is_named_where_it_was_set(loaded: object) -> None:
+    config = Config(backends={"fake": {"sede": 1, "seed": 2}})
+    with pytest.raises(ConfigError) as raised:
+        launch.plan_engines([EngineSection(backend="fake", options={"seed": "x"})], config)
+    lines = {line.split(":")[0].strip(): line for line in raised.value.args[0].splitlines()[1:]}
+    assert lines["sede"] == "  sede: Extra inputs are not permitted (set in [backends.fake])"
+    assert lines["seed"].startswith("  seed: Input should be a valid integer") and "(set in" not in lines["seed"]
+
+
+def test_a_check_across_options_names_no_empty_key(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import model_validator
+
+    class Checked(Settings):
+        @model_validator(mode="after")
+        def _bounded(self) -> Checked:
+            if self.seed > self.max_running_requests:
+                raise ValueError("seed must not exceed max_running_requests")
+            return self
+
+    monkeypatch.setattr(Driver, "Settings", Checked)
+    with pytest.raises(ConfigError) as raised:
+        launch.plan_engines([EngineSection(backend="fake", options={"seed": 9})], Config())
+    assert raised.value.args[0].endswith("options: invalid configuration\n  seed must not exceed max_running_requests")
+
+
 @pytest.mark.parametrize(
-    "sections",
+    ("sections", "message"),
     [
-        [EngineSection(backend="fake", served_model_name="a"), EngineSection(backend="fake", served_model_name="a")],
-        [
-            EngineSection(backend="fake", served_model_name="a", aliases=["b"]),
-            EngineSection(backend="fake", served_model_name="b"),
-        ],
-        [EngineSection(backend="fake", served_model_name="a", aliases=["a"])],
+        (
+            [
+                EngineSection(backend="fake", served_model_name="a"),
+                EngineSection(backend="fake", served_model_name="a"),
+            ],
+            "engines[1] (fake): model name 'a' is served twice (also by engines[0] (fake))",
+        ),
+        (
+            [
+                EngineSection(backend="fake", served_model_name="a", aliases=["b"]),
+                EngineSection(backend="fake", served_model_name="b"),
+            ],
+            "engines[1] (fake): model name 'b' is served twice (also by engines[0] (fake))",
+        ),
+        (
+            [EngineSection(backend="fake", served_model_name="a", aliases=["a"])],
+            "engines[0] (fake): model alias 'a' is served twice (also by engines[0] (fake))",
+        ),
     ],
 )
-def test_a_name_served_twice_is_refused_before_anything_starts(loaded: object, sections: list[EngineSection]) -> None:
-    with pytest.raises(ConfigurationError, match="served twice"):
+def test_a_name_served_twice_is_refused_before_anything_starts(
+    loaded: object, sections: list[EngineSection], message: str
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines(sections, Config())
+    assert raised.value.args[0] == message
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            Config(backends={"fak": {"seed": 1}}),
+            "[backends.fak]: no installed backend is called 'fak' (installed: fake)",
+        ),
+        (
+            Config(plugins=PluginsSection(allow=["fake"]), backends={"other": {}}),
+            "[backends.other]: 'other' is not in [plugins] allow (fake)",
+        ),
+    ],
+)
+def test_a_backend_table_for_no_loadable_backend_is_a_typo(loaded: object, config: Config, message: str) -> None:
+    """Its defaults would be dropped without a word."""
+    with pytest.raises(ConfigurationError) as raised:
+        launch.plan_engines([EngineSection(backend="fake")], config)
+    assert raised.value.args[0] == message
 
 
 def test_no_engine(loaded: object) -> None:
