@@ -175,21 +175,31 @@ class KvEventHub:
         rank.replay.clear()
         rank.evicted_through = last
         log.warning("KV event batches %d..%d of rank %d were lost by the engine's publisher", first, last, number)
-        failure = EngineFailure(
-            pb.ERROR_CODE_INTERNAL,
+        message = (
             f"the engine's publisher lost KV event batches {first}..{last} of rank {number}; "
-            "resubscribe with include_snapshot",
-            retryable=True,
-            retry_after_ms=0,
-            details={"reason": "kv_event_gap", "data_parallel_rank": number, "missing_from": first, "missing_to": last},
+            "resubscribe with include_snapshot"
         )
-        response = pb.SubscribeKvEventsResponse(error=failure.to_proto())
+        details = {"reason": "kv_event_gap", "data_parallel_rank": number, "missing_from": first, "missing_to": last}
+        # The unchanged request succeeds again only without a replay start: one within the lost
+        # range is now evicted (OUT_OF_RANGE), so for it the error is not retryable.
+        live, replaying = (
+            pb.SubscribeKvEventsResponse(
+                error=EngineFailure(
+                    pb.ERROR_CODE_INTERNAL,
+                    message,
+                    retryable=retryable,
+                    retry_after_ms=0 if retryable else None,
+                    details=details,
+                ).to_proto()
+            )
+            for retryable in (True, False)
+        )
         for subscription in list(self._subscriptions):
             if subscription.ranks is not None and number not in subscription.ranks:
                 continue
             if last < subscription.start_sequence:
                 continue
-            subscription.queue.close(response)
+            subscription.queue.close(replaying if subscription.start_sequence else live)
             self._subscriptions.discard(subscription)
 
     def unsubscribe(self, queue: Subscriber[pb.SubscribeKvEventsResponse]) -> None:

@@ -92,15 +92,16 @@ class EventService:
             async for item in source:
                 publish(item)
             log.error("the %s source ended", what)
-            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source ended", retryable=True)
+            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source ended", retryable=False)
         except Exception as exc:  # broad on purpose: a dead source must end its subscribers visibly
             log.exception("the %s source failed", what)
-            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source failed: {exc}", retryable=True)
+            failure = EngineFailure(pb.ERROR_CODE_INTERNAL, f"the {what} source failed: {exc}", retryable=False)
         self._stopped[stream] = failure
         (self.kv if stream == "kv" else self.runtime).close(failure)
 
     def _check_source(self, stream: Literal["kv", "runtime"]) -> None:
-        """UNAVAILABLE once an engine's source of ``stream`` has stopped: nothing would ever arrive."""
+        """UNAVAILABLE once an engine's source of ``stream`` has stopped: nothing would ever arrive
+        (so the error that ended its subscribers is not retryable: only a restart brings it back)."""
         failure = self._stopped.get(stream)
         if failure is not None:
             raise Unavailable(f"{failure.message}; restart the gateway to subscribe again")

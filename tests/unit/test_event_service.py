@@ -80,7 +80,8 @@ async def test_kv_events_flow_from_the_engine_to_subscribers() -> None:
     background.cancel_all()
 
 
-async def test_a_dead_source_ends_subscribers_with_a_retryable_error() -> None:
+async def test_a_dead_source_ends_subscribers_with_an_error_no_retry_mends() -> None:
+    """Not retryable: the unchanged subscription is refused until the gateway restarts."""
     backend = FakeBackend(publishes_kv_events=True, publishes_runtime_events=True)
     background = BackgroundTasks()
     events = EventService(engine_set(backend), background)
@@ -93,7 +94,7 @@ async def test_a_dead_source_ends_subscribers_with_a_retryable_error() -> None:
     backend.kv_queue.put_nowait(RuntimeError("publisher socket closed"))
     backend.runtime_queue.put_nowait(RuntimeError("scheduler gone"))
     kv_error = await asyncio.wait_for(kv_waiter, 1)
-    assert kv_error.error.code == pb.ERROR_CODE_INTERNAL and kv_error.error.retryable
+    assert kv_error.error.code == pb.ERROR_CODE_INTERNAL and not kv_error.error.retryable
     assert "publisher socket closed" in kv_error.error.message
     assert (await asyncio.wait_for(runtime_waiter, 1)).runtime_event.type == pb.RUNTIME_EVENT_TYPE_BATCH
     (runtime_error,) = await take(runtime, 1)
@@ -118,7 +119,7 @@ async def test_a_source_that_ends_is_a_dead_source() -> None:
     await asyncio.sleep(0)
     events.start()
     ended = await asyncio.wait_for(waiter, 1)
-    assert ended.error.retryable and "KV events source ended" in ended.error.message
+    assert not ended.error.retryable and "KV events source ended" in ended.error.message
     with pytest.raises(Unavailable):
         await anext(events.subscribe_kv(pb.SubscribeKvEventsRequest()))
 

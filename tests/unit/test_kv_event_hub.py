@@ -112,6 +112,24 @@ async def test_replay_from_start_sequence_then_live() -> None:
     assert numbers(await ready(queue)) == [(0, 3), (0, 4), (0, 5), (0, 6)]
 
 
+async def test_a_gap_is_retryable_only_for_who_can_retry_unchanged() -> None:
+    """A replay start within the lost range is evicted by the gap: that subscriber's unchanged
+    retry is OUT_OF_RANGE, so its error is not retryable; a live subscriber's is."""
+    hub = KvEventHub()
+    for number in (10, 11, 12):
+        hub.publish(batch(number))
+    live = hub.subscribe((), include_snapshot=False, start_sequence_number=0)
+    replaying = hub.subscribe((), include_snapshot=False, start_sequence_number=11)
+    hub.publish(batch(13))
+    hub.publish(batch(17))
+    live_error, replay_error = (await ready(live))[-1].error, (await ready(replaying))[-1].error
+    assert dict(live_error.details)["missing_to"] == dict(replay_error.details)["missing_to"] == 16
+    assert live_error.retryable and live_error.HasField("retry_after_ms")
+    assert not replay_error.retryable and not replay_error.HasField("retry_after_ms")
+    with pytest.raises(OutOfRange):
+        hub.subscribe((), include_snapshot=False, start_sequence_number=11)
+
+
 async def test_start_zero_means_live_only() -> None:
     hub = KvEventHub()
     hub.publish(batch(0))
