@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,7 +18,7 @@ T = TypeVar("T")
 class Subscriber(Generic[T]):
     """One subscriber's queue; iterate it to receive items until it is closed."""
 
-    __slots__ = ("_capacity", "_closed", "_items", "_on_overflow", "_waiter", "overflowed")
+    __slots__ = ("_capacity", "_closed", "_items", "_on_overflow", "_preloaded", "_waiter", "overflowed")
 
     def __init__(self, capacity: int, on_overflow: Callable[[], T]) -> None:
         self._items: deque[T] = deque()
@@ -26,6 +26,8 @@ class Subscriber(Generic[T]):
         self._on_overflow = on_overflow
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._preloaded = 0
+        """Items at the front from ``preload``, not yet taken: they do not count against the capacity."""
         self.overflowed = False
 
     @property
@@ -37,13 +39,21 @@ class Subscriber(Generic[T]):
         """Queue ``item``; on overflow end the stream with the overflow item. False if closed."""
         if self._closed:
             return False
-        if len(self._items) >= self._capacity:
+        if len(self._items) - self._preloaded >= self._capacity:
             self.overflowed = True
             self.close(self._on_overflow())
             return False
         self._items.append(item)
         self._wake()
         return True
+
+    def preload(self, items: Iterable[T]) -> None:
+        """Queue what the subscription starts with (a replay of retained items) on top of the
+        queue's bound, which bounds only what arrives after it."""
+        before = len(self._items)
+        self._items.extend(items)
+        self._preloaded += len(self._items) - before
+        self._wake()
 
     def close(self, final: T | None = None) -> None:
         """Stop accepting; deliver ``final`` (a terminal item) after what is queued."""
@@ -70,6 +80,8 @@ class Subscriber(Generic[T]):
                 await self._waiter
             finally:
                 self._waiter = None
+        if self._preloaded:
+            self._preloaded -= 1
         return self._items.popleft()
 
 

@@ -152,6 +152,7 @@ class KvEventHub:
                 subscription.queue.offer(pb.SubscribeKvEventsResponse(batch=snapshot))
                 subscription.delivered[number] = rank.last_sequence
         elif start_sequence_number:
+            replay: list[pb.SubscribeKvEventsResponse] = []
             for number in selected:
                 rank = self._ranks[number]
                 if start_sequence_number <= rank.evicted_through:
@@ -161,10 +162,9 @@ class KvEventHub:
                     )
                 for batch in rank.replay:
                     if batch.sequence_number >= start_sequence_number:
-                        subscription.queue.offer(pb.SubscribeKvEventsResponse(batch=batch))
+                        replay.append(pb.SubscribeKvEventsResponse(batch=batch))
                         subscription.delivered[number] = batch.sequence_number
-            if subscription.queue.overflowed:
-                raise OutOfRange("the replay is longer than one subscriber's queue; resubscribe with include_snapshot")
+            subscription.queue.preload(replay)  # all that is retained, however long: the queue bounds what follows
         self._subscriptions.add(subscription)
         return subscription.queue
 

@@ -169,13 +169,19 @@ async def test_replay_memory_is_bounded() -> None:
         hub.subscribe((), include_snapshot=False, start_sequence_number=96)
 
 
-async def test_replay_longer_than_the_queue_is_out_of_range() -> None:
+async def test_a_replay_longer_than_the_queue_is_served_whole_and_the_queue_bounds_what_follows() -> None:
+    """Every retained batch can be replayed: the subscriber queue bounds live batches, not the replay."""
     hub = KvEventHub(replay_batches=10, subscriber_queue=2)
     for _ in range(4):
         hub.publish(batch(0))
-    with pytest.raises(OutOfRange, match="include_snapshot"):
-        hub.subscribe((), include_snapshot=False, start_sequence_number=1)
-    assert hub.subscriber_count == 0
+    queue = hub.subscribe((), include_snapshot=False, start_sequence_number=1)
+    for _ in range(2):
+        hub.publish(batch(0))
+    assert numbers(await ready(queue)) == [(0, sequence) for sequence in range(1, 7)]
+    for _ in range(3):  # one past the queue, while the subscriber reads nothing
+        hub.publish(batch(0))
+    *delivered, overflow = await ready(queue)
+    assert numbers(delivered) == [(0, 7), (0, 8)] and overflow.error.code == pb.ERROR_CODE_OVERLOADED
 
 
 # -- ranks ---------------------------------------------------------------------------------------
