@@ -2,7 +2,7 @@
 
 A driver is a ``Backend`` subclass registered under the ``openengine.backends`` entry-point
 group. The gateway creates it with its validated ``Settings``, calls ``start`` once, serves
-requests, and calls ``stop`` once. Five methods are abstract; everything optional (tasks,
+requests, and calls ``stop`` once. Four methods are abstract; everything optional (tasks,
 LoRA, KV sessions, KV and runtime events, load, health) has a default that reports "not
 supported", and the driver advertises what it overrides in ``EngineFacts.model`` (a
 ``ModelInfo``) and the ``EngineFacts`` flags. The core enforces those facts before it calls

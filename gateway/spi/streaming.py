@@ -14,12 +14,11 @@ All are pure and allocation-light; none imports an engine.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import pb
-from ..errors import InvalidArgument
+from ..errors import EngineFailure, InvalidArgument
 from .events import Candidate, StopMatch
 from .requests import CandidateSelection, GenerationRequest, Stopping
 
@@ -155,7 +154,8 @@ def select_candidates(
 ) -> list[Candidate]:
     """The caller's candidates at one position from the engine's ``token_id -> logprob``.
 
-    ``logprobs`` must cover what the selection needs (the engine was asked for enough). Ranks
+    ``logprobs`` must cover what the selection needs (the engine was asked for enough): a
+    requested id it lacks raises an INTERNAL ``EngineFailure``, never a made-up value. Ranks
     come from ``ranks`` when the engine reports them, else from the order of ``logprobs``
     values (1 = most likely). TOP_N returns the best ``top_n`` in rank order; TOKEN_IDS
     returns the requested ids in request order; ALL returns every entry in rank order.
@@ -167,11 +167,14 @@ def select_candidates(
     mode = selection.mode
     if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS:
         ids: Sequence[int] = selection.token_ids
+        missing = [i for i in ids if i not in logprobs]
+        if missing:
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"the engine reported no logprob for candidate ids {missing}")
     else:
         ids = sorted(logprobs, key=ranks.__getitem__)
         if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N:
             ids = ids[: selection.top_n]
-    return [Candidate(i, logprobs.get(i, -math.inf), decode(i), ranks.get(i)) for i in ids]
+    return [Candidate(i, logprobs[i], decode(i), ranks.get(i)) for i in ids]
 
 
 def rank_by_logprob(logprobs: Mapping[int, float]) -> dict[int, int]:
@@ -186,8 +189,8 @@ def resolve_max_tokens(
     """The output budget: the caller's ``max_tokens``, else what fits in the context.
 
     Raises ``InvalidArgument`` when the prompt alone fills the context, the caller's budget
-    does not fit, or ``min_tokens`` cannot be honoured within the budget; an engine's own
-    small default is never used.
+    does not fit (the context, or ``max_output``), or ``min_tokens`` cannot be honoured within
+    the budget; an engine's own small default is never used.
     """
     if max_context is not None and prompt_tokens >= max_context:
         raise InvalidArgument(f"prompt has {prompt_tokens} tokens; the model's context is {max_context}")
@@ -198,15 +201,18 @@ def resolve_max_tokens(
         if not budgets:
             raise InvalidArgument("stopping.max_tokens is required: the model reports no context length")
         budget = min(budgets)
-        wanted_min = request.stopping.min_tokens
-        if wanted_min > budget:
-            raise InvalidArgument(f"stopping.min_tokens ({wanted_min}) exceeds the {budget} tokens left for output")
-        return budget
-    if room is not None and wanted > room:
-        raise InvalidArgument(
-            f"prompt ({prompt_tokens} tokens) plus max_tokens ({wanted}) exceeds the context ({max_context})"
-        )
-    return wanted
+    else:
+        if room is not None and wanted > room:
+            raise InvalidArgument(
+                f"prompt ({prompt_tokens} tokens) plus max_tokens ({wanted}) exceeds the context ({max_context})"
+            )
+        if max_output is not None and wanted > max_output:
+            raise InvalidArgument(f"stopping.max_tokens ({wanted}) exceeds the model's {max_output} output tokens")
+        budget = wanted
+    wanted_min = request.stopping.min_tokens
+    if wanted_min > budget:
+        raise InvalidArgument(f"stopping.min_tokens ({wanted_min}) exceeds the {budget} tokens left for output")
+    return budget
 
 
 __all__ = [

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openengine_gateway import pb
-from openengine_gateway.errors import InvalidArgument
+from openengine_gateway.errors import EngineFailure, InvalidArgument
 from openengine_gateway.spi import (
     Candidate,
     CandidateSelection,
@@ -290,10 +289,16 @@ def test_top_n_in_rank_order() -> None:
 
 
 def test_token_ids_in_request_order() -> None:
-    selection = CandidateSelection(pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS, token_ids=(10, 12, 99))
+    selection = CandidateSelection(pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS, token_ids=(10, 12))
     candidates = select_candidates(selection, LOGPROBS)
-    assert [(c.token_id, c.rank) for c in candidates] == [(10, 4), (12, 3), (99, None)]
-    assert candidates[2].logprob == -math.inf
+    assert [(c.token_id, c.rank) for c in candidates] == [(10, 4), (12, 3)]
+
+
+def test_a_requested_id_the_engine_did_not_score_is_a_failure_not_a_made_up_value() -> None:
+    selection = CandidateSelection(pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS, token_ids=(10, 99))
+    with pytest.raises(EngineFailure, match=r"no logprob for candidate ids \[99\]") as raised:
+        select_candidates(selection, LOGPROBS)
+    assert raised.value.code == pb.ERROR_CODE_INTERNAL
 
 
 def test_all_in_rank_order() -> None:
@@ -358,3 +363,11 @@ def test_min_tokens_must_fit_the_resolved_budget() -> None:
         resolve_max_tokens(generation(None, min_tokens=91), 10, 100)
     with pytest.raises(InvalidArgument, match=r"min_tokens \(8\) exceeds the 7 tokens left"):
         resolve_max_tokens(generation(None, min_tokens=8), 10, 100, 7)
+    with pytest.raises(InvalidArgument, match=r"min_tokens \(9\) exceeds the 5 tokens left"):
+        resolve_max_tokens(generation(5, min_tokens=9), 10, 100)
+
+
+def test_an_explicit_max_tokens_past_the_model_s_output_limit_is_refused() -> None:
+    assert resolve_max_tokens(generation(7), 10, 100, 7) == 7
+    with pytest.raises(InvalidArgument, match=r"max_tokens \(8\) exceeds the model's 7 output tokens"):
+        resolve_max_tokens(generation(8), 10, 100, 7)

@@ -230,5 +230,5 @@ async def test_validation_before_acceptance() -> None:
             await generate(backend, prompt="hi", prompt_logprobs=LogprobRequest(), prompt_logprob_start=3)
         with pytest.raises(InvalidArgument, match="KV blocks"):
             await generate(
-                backend, prompt="x" * 10, sampling=Sampling(num_sequences=8), stopping=Stopping(max_tokens=50)
+                backend, prompt="x" * 10, sampling=Sampling(num_sequences=8), stopping=Stopping(max_tokens=30)
             )
