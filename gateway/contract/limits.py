@@ -29,6 +29,31 @@ class RequestLimits:
     """Inputs of one Embed or Classify call; query and candidate inputs of one Score call."""
 
 
+def advertise_task_limits(info: pb.ModelInfo, limits: RequestLimits) -> None:
+    """Narrow a model's advertised batch limits to ``max_task_items``, so that discovery does not
+    promise a batch the gateway refuses.
+
+    Embed and Classify count inputs, so their ``max_batch_size`` is exact. A Score group holds a
+    query and at least one candidate: ``max_groups`` (half the items) and
+    ``max_candidates_per_group`` (all but the query) are each reachable alone; their product is
+    not promised. With fewer than two items Score is left as the engine reports it.
+    """
+    items = limits.max_task_items
+    if items is None or not info.HasField("tasks"):
+        return
+    tasks = info.tasks
+    for caps in (tasks.embed, tasks.classify):
+        if caps.supported:
+            caps.max_batch_size = min(caps.max_batch_size, items) if caps.HasField("max_batch_size") else items
+    score = tasks.score
+    if score.supported and items >= 2:
+        score.max_groups = min(score.max_groups, items // 2) if score.HasField("max_groups") else items // 2
+        candidates = items - 1
+        if score.HasField("max_candidates_per_group"):
+            candidates = min(score.max_candidates_per_group, candidates)
+        score.max_candidates_per_group = candidates
+
+
 def check_generate(request: pb.GenerateRequest, limits: RequestLimits) -> None:
     """Raise RESOURCE_EXHAUSTED when the prompt exceeds the operator's caps."""
     kind = request.WhichOneof("input")

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from .. import pb
-from ..contract.limits import RequestLimits
+from ..contract.limits import RequestLimits, advertise_task_limits
 from ..contract.lora import LoraRegistry
 from ..contract.registry import RequestRegistry
 from ..engines import EngineSet
@@ -75,6 +75,8 @@ class Gateway:
         loras = LoraRegistry(options.lora_roots)
         self.telemetry = Telemetry()
         limits = RequestLimits(options.max_prompt_chars, options.max_prompt_tokens, options.max_task_items)
+        for engine in engines:
+            advertise_task_limits(engine.model_info, limits)
         instance_id = options.instance_id or (
             next(iter(engines)).facts.instance_id if len(engines) == 1 else uuid.uuid4().hex
         )

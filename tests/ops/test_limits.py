@@ -58,6 +58,9 @@ async def test_prompt_length_limits() -> None:
 async def test_task_batch_limit() -> None:
     async with gateway(options=GatewayOptions(max_task_items=2)) as running:
         stub = running.stub
+        tasks = (await stub.GetModelInfo(pb.GetModelInfoRequest(model="mock"))).tasks  # what is admitted, advertised
+        assert (tasks.embed.max_batch_size, tasks.classify.max_batch_size) == (2, 2)
+        assert (tasks.score.max_groups, tasks.score.max_candidates_per_group) == (1, 1)
         inputs = [pb.TaskInput(item_id=str(i), text="x") for i in range(3)]
         await stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs[:2]))
         assert (await refused(stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs)))).code() == (
