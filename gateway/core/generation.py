@@ -63,8 +63,8 @@ class GenerationService:
     def prepare(self, request: pb.GenerateRequest) -> tuple[Engine, GenerationRequest]:
         """Route and validate (pre-acceptance); raises ``RequestError``."""
         self._state.check_accepting()
+        engine = self._engines.resolve(request.model)  # an unknown model is NOT_FOUND first
         check_generate(request, self._limits)
-        engine = self._engines.resolve(request.model)
         self._state.check_engine(engine.served_name)
         parsed = parse_generate(request, served_name=engine.served_name, model=engine.model_info, role=engine.role)
         if parsed.lora_name is not None:

@@ -56,8 +56,8 @@ class TaskService:
     def _route(self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput]) -> Engine:
         rules.require_context(context)
         self._state.check_accepting()
+        engine = self._engines.resolve(context.model, required=True)  # an unknown model is NOT_FOUND first
         check_task_inputs(inputs, self._limits)
-        engine = self._engines.resolve(context.model, required=True)
         self._state.check_engine(engine.served_name)
         return engine
 

@@ -69,6 +69,9 @@ async def test_task_batch_limit() -> None:
         assert (await refused(stub.Classify(pb.ClassifyRequest(context=task(), inputs=inputs)))).code() == (
             grpc.StatusCode.RESOURCE_EXHAUSTED
         )
+        unknown = pb.EmbedRequest(context=task(), inputs=inputs)
+        unknown.context.model = "nope"
+        assert (await refused(stub.Embed(unknown))).code() == grpc.StatusCode.NOT_FOUND, "the model, before the cap"
         group = pb.ScoreGroup(group_id="g", query=inputs[0], candidates=inputs[1:])
         error = await refused(stub.Score(pb.ScoreRequest(context=task(), groups=[group])))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 task inputs" in (error.details() or "")
