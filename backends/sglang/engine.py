@@ -183,7 +183,7 @@ class SglangBackend(Backend):
         outputs = RequestStream(
             request,
             eos_token_ids=self._limits.eos_token_ids,
-            prompt_tokens=prompt_tokens,
+            prompt_ids=input_ids,
             reasoning=bool(state.server.get("reasoning_parser")),
             decode=mapping.text_decoder(engine.tokenizer_manager.tokenizer),
         )

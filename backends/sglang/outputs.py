@@ -58,6 +58,7 @@ class RequestStream:
         "_done",
         "_eos",
         "_outputs",
+        "_prompt_ids",
         "_prompt_sent",
         "_prompt_tokens",
         "_reasoning",
@@ -71,7 +72,7 @@ class RequestStream:
         request: GenerationRequest,
         *,
         eos_token_ids: Sequence[int],
-        prompt_tokens: int | None,
+        prompt_ids: Sequence[int] | None,
         reasoning: bool = False,
         decode: Callable[[Sequence[int]], str] = lambda _: "",
     ) -> None:
@@ -84,7 +85,9 @@ class RequestStream:
         self._eos = tuple(eos_token_ids)
         self._outputs = [CumulativeOutput() for _ in range(count)]
         self._prompt_sent = request.prompt_logprobs is None
-        self._prompt_tokens = prompt_tokens
+        self._prompt_ids = prompt_ids
+        """The prompt as the engine tokenized it (None for a multimodal prompt: SGLang expands it)."""
+        self._prompt_tokens = None if prompt_ids is None else len(prompt_ids)
         self._completion = [0] * count
         self._cached: list[int | None] = [None] * count
         self._reasoning: list[int] | None = [0] * count if reasoning else None
@@ -184,10 +187,15 @@ class RequestStream:
         start = request.prompt_logprob_start
         first = prompt_logprob_row(start)
         tops, by_ids = meta.get("input_top_logprobs"), meta.get("input_token_ids_logprobs")
+        ids = self._prompt_ids
         records = []
         for row, entry in enumerate(meta["input_token_logprobs"]):
-            if first + row < start:
+            position = first + row
+            if position < start:
                 continue
+            if ids is not None and position < len(ids) and entry[1] != ids[position]:
+                # SGLang reports ids from the vocabulary's last on as 0 (its guard for image pads).
+                entry = (entry[0], ids[position], self._decode([ids[position]]))
             if entry[0] is None:
                 records.append(TokenRecord(entry[1], entry[2] or ""))
             else:

@@ -29,6 +29,7 @@ from openengine_gateway.spi import (
 )
 
 EOS = 1
+PROMPT = [10, 11, 12]
 TOP_N, IDS, ALL = (
     pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N,
     pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS,
@@ -37,7 +38,7 @@ TOP_N, IDS, ALL = (
 
 
 def request(**fields: Any) -> GenerationRequest:
-    return GenerationRequest(request_id="r", model="m", prompt_token_ids=[10, 11, 12], **fields)
+    return GenerationRequest(request_id="r", model="m", prompt_token_ids=PROMPT, **fields)
 
 
 def out(text: str, ids: list[int], finish: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def out(text: str, ids: list[int], finish: dict[str, Any] | None = None, **meta:
 
 def stream(req: GenerationRequest, **kw: Any) -> RequestStream:
     """A request's stream whose up-front usage report (see the first test) was already taken."""
-    made = RequestStream(req, eos_token_ids=(EOS,), prompt_tokens=3, **kw)
+    made = RequestStream(req, eos_token_ids=(EOS,), prompt_ids=PROMPT, **kw)
     (usage,) = made.events(0, out("", []))
     assert isinstance(usage, UsageReport) and usage.prompt_tokens == 3
     return made
@@ -65,7 +66,7 @@ def stream(req: GenerationRequest, **kw: Any) -> RequestStream:
 
 def test_the_first_chunk_reports_usage_up_front() -> None:
     """So a request aborted mid-stream still counts its prompt."""
-    s = RequestStream(request(), eos_token_ids=(EOS,), prompt_tokens=3)
+    s = RequestStream(request(), eos_token_ids=(EOS,), prompt_ids=PROMPT)
     assert s.events(0, out("h", [104])) == [UsageReport(3, 1, 0), TokenDelta(0, [TokenRecord(104)], "h")]
     assert s.events(0, out("hi", [104, 105])) == [TokenDelta(0, [TokenRecord(105)], "i")]
 
@@ -114,7 +115,7 @@ def test_with_ignore_eos_the_callers_stop_tokens_are_watched_for() -> None:
         return "".join(pieces[i] for i in ids)
 
     stopping = Stopping(ignore_eos=True, stop_token_ids=(9,), min_tokens=1)
-    s = RequestStream(request(stopping=stopping), eos_token_ids=(EOS,), prompt_tokens=3, decode=decode)
+    s = RequestStream(request(stopping=stopping), eos_token_ids=(EOS,), prompt_ids=PROMPT, decode=decode)
     assert s.events(0, out("!", [9]))[1:] == [TokenDelta(0, [TokenRecord(9)], "!")], "before min_tokens: not a stop"
     events = s.events(0, out("!hi!h", [9, 104, 105, 9, 104]))
     assert events == [
@@ -124,7 +125,7 @@ def test_with_ignore_eos_the_callers_stop_tokens_are_watched_for() -> None:
     ]
     assert s.finished(0)
     kept = Stopping(ignore_eos=True, stop_token_ids=(9,), include_stop_in_output=True)
-    s = RequestStream(request(stopping=kept), eos_token_ids=(EOS,), prompt_tokens=3, decode=decode)
+    s = RequestStream(request(stopping=kept), eos_token_ids=(EOS,), prompt_ids=PROMPT, decode=decode)
     events = s.events(0, out("h!i", [104, 9, 105]))
     assert events[1] == TokenDelta(0, [TokenRecord(104), TokenRecord(9)], "h!")
 
@@ -209,6 +210,19 @@ def test_prompt_tokens_once_from_the_start_the_first_without_a_logprob() -> None
         ]
     )
     assert not any(isinstance(e, PromptTokens) for e in s.events(0, out("hh", [104, 104], **meta)))
+
+
+def test_prompt_ids_sglang_clips_to_zero_are_the_prompt_s_own() -> None:
+    """SGLang reports prompt ids from ``vocab_size - 1`` on as 0 (``logprob_result_processor.py``,
+    a guard for image pad hashes): the records carry the ids the engine was given."""
+    last = 511
+    wanted = GenerationRequest(
+        request_id="r", model="m", prompt_token_ids=[10, last], prompt_logprobs=LogprobRequest(), prompt_logprob_start=0
+    )
+    meta = {"input_token_logprobs": [(None, 10, "a"), (-2.0, 0, "<unk>")], "output_token_logprobs": [(-0.1, 104, "h")]}
+    made = RequestStream(wanted, eos_token_ids=(EOS,), prompt_ids=[10, last], decode=lambda ids: f"<{ids[0]}>")
+    (prompt,) = [event for event in made.events(0, out("h", [104], **meta)) if isinstance(event, PromptTokens)]
+    assert prompt == PromptTokens([TokenRecord(10, "a"), TokenRecord(last, f"<{last}>", -2.0)])
 
 
 def test_a_later_start_drops_sglangs_first_entry() -> None:
