@@ -19,6 +19,7 @@ Three SGLang facts shape the mapping:
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,7 +273,22 @@ def guided_fields(guidance: Guidance, engine_backend: str | None) -> dict[str, A
         return {"regex": choice_regex(guidance.choices)}
     if guidance.mode == pb.GUIDED_DECODING_MODE_JSON_OBJECT:
         return {"json_schema": JSON_OBJECT_SCHEMA}
+    if guidance.mode == pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG and engine_backend == "llguidance":
+        _require_legacy_structural_tag(guidance.spec)
     return {_GUIDE_FIELDS[guidance.mode]: guidance.spec}
+
+
+def _require_legacy_structural_tag(spec: str) -> None:
+    """SGLang's llguidance backend compiles only the legacy form (``structures`` and ``triggers``);
+    xgrammar also takes the ``format`` form."""
+    try:
+        tag = json.loads(spec)
+    except ValueError as exc:
+        raise InvalidArgument(f"guided.structural_tag is not JSON: {exc}") from None
+    if not (isinstance(tag, dict) and tag.get("structures") is not None and tag.get("triggers") is not None):
+        raise InvalidArgument(
+            "this SGLang engine's llguidance backend takes a structural tag with 'structures' and 'triggers' only"
+        )
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:

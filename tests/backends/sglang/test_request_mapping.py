@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -177,6 +178,20 @@ def test_guides_need_the_engines_backend() -> None:
     with pytest.raises(InvalidArgument, match="without a grammar backend"):
         sampling_of(request(guidance=Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="a")), off)
     assert choice_regex(("(x)", "1+1", "a b")) == r"(\(x\)|1\+1|a b)"
+
+
+def test_llguidance_takes_only_legacy_structural_tags() -> None:
+    """SGLang's llguidance backend asserts the legacy form; refused before acceptance, not aborted after."""
+    llguidance = EngineLimits(max_context=100, max_prompt=94, vocab_size=128, grammar_backend="llguidance")
+    legacy = json.dumps({"structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], "triggers": ["<f>"]})
+    tag = Guidance(pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG, spec=legacy)
+    assert sampling_of(request(guidance=tag), llguidance)["structural_tag"] == legacy
+    formatted = Guidance(pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG, spec=json.dumps({"format": {"type": "any_text"}}))
+    with pytest.raises(InvalidArgument, match="'structures' and 'triggers'"):
+        sampling_of(request(guidance=formatted), llguidance)
+    with pytest.raises(InvalidArgument, match="not JSON"):
+        sampling_of(request(guidance=Guidance(pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG, spec="{")), llguidance)
+    assert "structural_tag" in sampling_of(request(guidance=formatted)), "xgrammar takes both forms"
 
 
 def test_priority_follows_sglangs_direction() -> None:
