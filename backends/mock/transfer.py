@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from .request import Transferred
 TRANSFER_BACKEND = "mock-tcp"
 PROTOCOL = "tcp"
 _LINE_LIMIT = 16 * 1024 * 1024
+_WILDCARDS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
 
 
 @dataclass(eq=False, slots=True)
@@ -53,8 +55,10 @@ class SessionStore:
 
     @property
     def endpoint(self) -> Endpoint:
-        """Where decode engines connect (the bound port once started)."""
-        return Endpoint(self._host, self._port, PROTOCOL)
+        """Where decode engines connect (the bound port once started; this host's name for a
+        wildcard bind address, which no other machine could connect to)."""
+        host = socket.getfqdn() if self._host in _WILDCARDS else self._host
+        return Endpoint(host, self._port, PROTOCOL)
 
     @property
     def listening(self) -> bool:

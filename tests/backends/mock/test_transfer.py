@@ -39,6 +39,15 @@ async def test_decode_continues_a_prefill_exactly() -> None:
     assert (load.active_kv_sessions, load.used_kv_blocks) == (0, 0)
 
 
+async def test_a_wildcard_transfer_bind_advertises_this_host_s_name() -> None:
+    """0.0.0.0 is where to listen, not where a decode engine on another machine can connect."""
+    import socket
+
+    async with engine(role="prefill", kv_transfer_host="0.0.0.0") as prefiller:
+        (endpoint,) = (await prefill(prefiller)).endpoints
+    assert endpoint.host == socket.getfqdn() != "0.0.0.0" and endpoint.port > 0
+
+
 async def test_a_session_is_pulled_once() -> None:
     async with engine(role="prefill") as prefiller, engine(role="decode") as decoder:
         session = await prefill(prefiller)
