@@ -9,6 +9,7 @@ and the distribution that provides it; a driver written for another SPI version 
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from .spi.backend import SPI_VERSION, Backend
 
 GROUP = "openengine.backends"
 """The entry-point group a backend plugin registers in."""
+
+# stevedore logs "Could not load NAME" for a driver that failed to import; the PluginError below
+# says so with the traceback and the distribution, so its line would only repeat it, out of place.
+logging.getLogger("stevedore.named").setLevel(logging.ERROR)
 
 
 class PluginError(RuntimeError):
