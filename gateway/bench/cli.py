@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--request-rate", type=float, metavar="R", help="requests/s with gamma arrivals ('inf': all at once)"
     )
-    load.add_argument("--burstiness", type=float, metavar="B", default=1.0, help="gamma shape of arrivals (1: Poisson)")
+    load.add_argument(
+        "--burstiness", type=float, metavar="B", help="gamma shape of --request-rate arrivals (default 1: Poisson)"
+    )
     load.add_argument(
         "--warmup", type=int, metavar="N", default=2, help="unmeasured requests before each target (default 2)"
     )
@@ -83,16 +85,22 @@ def _parser() -> argparse.ArgumentParser:
         type=_typed(Lengths.parse),
         metavar="N|LOW:HIGH",
         default=Lengths(128, 128),
-        help="N or LOW:HIGH",
+        help="N or LOW:HIGH (inclusive) characters, or token ids with --vocab-size (default 128)",
     )
     work.add_argument(
-        "--output-len", type=_typed(Lengths.parse), metavar="N|LOW:HIGH", default=Lengths(64, 64), help="N or LOW:HIGH"
+        "--output-len",
+        type=_typed(Lengths.parse),
+        metavar="N|LOW:HIGH",
+        default=Lengths(64, 64),
+        help="N or LOW:HIGH (inclusive) tokens (default 64)",
     )
     work.add_argument(
         "--prompts-file", type=Path, metavar="FILE", help='prompts: JSONL {"prompt", "output_len"?} or text lines'
     )
     work.add_argument("--prefix-groups", type=int, metavar="N", default=0, help="groups of prompts sharing a prefix")
-    work.add_argument("--prefix-len", type=int, metavar="L", default=0, help="length of each group's shared prefix")
+    work.add_argument(
+        "--prefix-len", type=int, metavar="L", default=0, help="each group's shared prefix, in --prompt-len's unit"
+    )
     work.add_argument("--vocab-size", type=int, metavar="V", help="send random token ids below this instead of text")
     work.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy: agreement is reported")
     work.add_argument(
@@ -126,7 +134,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         vocab_size=args.vocab_size,
         prompts=load_prompts(args.prompts_file) if args.prompts_file else (),
         request_rate=args.request_rate,
-        burstiness=args.burstiness,
+        burstiness=1.0 if args.burstiness is None else args.burstiness,
     )
 
 
@@ -155,8 +163,11 @@ def _describe(spec: WorkloadSpec, options: RunOptions) -> str:
     unit = "tokens" if spec.vocab_size is not None else "chars"
     prompts = f"{len(spec.prompts)} file prompts" if spec.prompts else f"prompt {spec.prompt_lengths} {unit}"
     prefix = f", {spec.prefix_groups} groups sharing {spec.prefix_length} {unit}" if spec.prefix_groups else ""
+    output = f"output {spec.output_lengths} tokens"
+    if spec.prompts:
+        output += " where the file gives none"
     return (
-        f"{load}, {' or '.join(bounds)} per target, {prompts}{prefix}, output {spec.output_lengths} tokens, "
+        f"{load}, {' or '.join(bounds)} per target, {prompts}{prefix}, {output}, "
         f"temperature {options.temperature:g}, seed {spec.seed}"
     )
 
@@ -181,6 +192,8 @@ async def run(argv: Sequence[str]) -> int:
         spec, options = _workload(args), _options(args)
     except ValueError as error:
         parser.error(str(error))
+    if args.burstiness is not None and spec.request_rate is None:
+        parser.error("--burstiness shapes the arrivals of --request-rate: give one")
     if spec.request_rate == math.inf and options.num_requests is None and options.concurrency is None:
         parser.error("at an infinite request rate, bound the run with --num-requests or cap it with --concurrency")
     if args.report is not None:

@@ -64,7 +64,7 @@ def _agreement(comparison: Comparison, field: str) -> Cell:
         if agreement is None:
             return "baseline"
         value: float | None = getattr(agreement, field)
-        return "-" if value is None else f"{value * 100:.1f}%"
+        return "-" if value is None else f"{value * 100:.1f}% of {agreement.compared}"
 
     return cell
 

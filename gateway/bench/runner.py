@@ -15,8 +15,10 @@ or ends without its finish is failed, under its error code, ``FINISH_REASON_CANC
 A fixed concurrency keeps that many requests in flight (each worker sends the next request when
 its previous one ends). A request rate sends each request at its arrival time from the workload,
 optionally capped by the concurrency. Either way the run stops sending at the request count or,
-with a duration, after it (at a rate: requests scheduled after it are not sent, so every target
-gets the same ones), then waits for the requests in flight.
+with a duration, after it, then waits for the requests in flight. At a finite rate the duration
+bounds the schedule, not the clock: every request scheduled within it is sent, however late a
+slow target or the cap makes it, so every target gets the same ones (at an infinite rate, where
+every arrival is at 0, the clock bounds it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,13 +170,15 @@ async def _request_rate(
             if in_flight is not None:
                 in_flight.release()
 
+    at_once = workload.spec.request_rate == math.inf
     async with asyncio.TaskGroup() as group:
         for index in itertools.count():
             request = workload.request(index)
             assert request.send_at is not None, "a request-rate workload gives every request an arrival time"
-            # The clock, not only the arrival time: at an infinite rate every arrival is at 0.
-            late = deadline is not None and max(request.send_at, send.clock()) >= deadline
-            if (limit is not None and index >= limit) or late:
+            # The schedule, so that a target that falls behind is sent the same requests; the clock
+            # only at an infinite rate, where every arrival is at 0.
+            end = send.clock() if at_once else request.send_at
+            if (limit is not None and index >= limit) or (deadline is not None and end >= deadline):
                 break
             delay = request.send_at - send.clock()
             await asyncio.sleep(max(delay, 0))  # at least a turn of the loop, so sent requests run

@@ -31,8 +31,8 @@ def test_table_has_a_column_per_target_and_a_row_per_error_code() -> None:
     assert rows["requests ok / failed"] == ["1", "/", "1", "1", "/", "0"]
     assert rows["error RESOURCE_EXHAUSTED"] == ["1", "0"]
     assert rows["TTFT (ms) mean"] == ["100.00", "100.00"]
-    assert rows["identical outputs"] == ["baseline", "0.0%"]
-    assert rows["common prefix"] == ["baseline", "66.7%"]
+    assert rows["identical outputs"] == ["baseline", "0.0%", "of", "1"], "of the requests both completed"
+    assert rows["common prefix"] == ["baseline", "66.7%", "of", "1"]
     assert rows["prompt tokens (cached)"] == ["9", "(-)", "9", "(-)"]
 
 

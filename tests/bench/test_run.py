@@ -99,6 +99,12 @@ def test_the_gateway_command_dispatches_bench(capsys: pytest.CaptureFixture[str]
     assert main(["bench", "--target", "127.0.0.1:1/m", "--prompts-file", "/nonexistent.jsonl"]) == 2
 
 
+def test_burstiness_without_a_request_rate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--target", "127.0.0.1:1/m", "--burstiness", "0.5"])
+    assert exited.value.code == 2 and "--burstiness shapes the arrivals of --request-rate" in capsys.readouterr().err
+
+
 def test_a_report_without_matplotlib_fails_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
     with pytest.raises(ReportError, match=r"openengine-gateway\[bench\]"):
@@ -203,3 +209,24 @@ def test_progress_counts_time_on_the_measured_clock() -> None:
     line.update(RequestRecord(0, started=0.0, ended=1.25))
     line.update(RequestRecord(1, started=0.5, ended=2.5, error="UNAVAILABLE"))
     assert out.getvalue().endswith("\rt: 2/2 requests, 1 failed [2.5s]")
+
+
+async def test_a_rate_sends_every_scheduled_request_to_a_target_that_falls_behind() -> None:
+    """The duration bounds the schedule: a slow target behind a cap is sent the same requests, late."""
+    from openengine_gateway.bench import runner
+
+    class SlowSender:
+        def __init__(self) -> None:
+            self.zero = asyncio.get_running_loop().time()
+
+        def clock(self) -> float:
+            return asyncio.get_running_loop().time() - self.zero
+
+        async def __call__(self, request: BenchRequest) -> RequestRecord:
+            await asyncio.sleep(0.03)  # a third of the schedule's pace
+            return RequestRecord(request.index, self.clock())
+
+    workload = Workload(WorkloadSpec(prompt_lengths=Lengths(8, 8), output_lengths=Lengths(2, 2), request_rate=100.0))
+    scheduled = next(i for i in range(10_000) if (workload.request(i).send_at or 0.0) >= 0.2)
+    records = await runner._request_rate(SlowSender(), workload, 1, None, 0.2)  # type: ignore[arg-type]
+    assert sorted(record.index for record in records) == list(range(scheduled))
