@@ -7,7 +7,9 @@ rank]`` (vLLM's ``data_parallel_rank``, SGLang's ``attn_dp_rank``). Events are t
 encoded two ways: as maps carrying the tag under ``"type"`` (current vLLM and SGLang releases)
 and as arrays whose first element is the tag followed by the fields in vLLM's declaration
 order (earlier vLLM releases). Both are decoded; fields a release adds that OpenEngine has no
-place for (SGLang's ``cache_salt`` and ``session_id``) are ignored. Block hashes are bytes
+place for (SGLang's ``cache_salt`` and ``session_id``; vLLM 0.32's ``locality``, ``ownership``
+and ``session_id``, so a block in a remote tier reads like a local one) are ignored. Mediums are
+matched whatever their case (a Mooncake store publishes ``"cpu"``). Block hashes are bytes
 (sha256) or 64-bit ints (SGLang always, vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
 
 The engine's sequence numbers are kept, plus one: the gateway reads a zero as "number this
@@ -16,6 +18,7 @@ batch for me", and an engine's first batch is number zero.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -75,10 +78,20 @@ def _token_ids(values: Sequence[Any]) -> Sequence[Any]:
     return values
 
 
+def _key_text(key: Any) -> str:
+    """One of a block's extra keys as text: a string as it is, bytes (vLLM's prompt-embeds
+    digests) as hex, anything composite (a multimodal ``(identifier, offset)``) as compact JSON."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        return key.hex()
+    return json.dumps(key, separators=(",", ":"), default=lambda value: value.hex())
+
+
 def decode_event(event: Any) -> pb.KvEvent:
     """One ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
     tag, fields = _fields(event)
-    medium = _MEDIUMS.get(str(fields.get("medium") or ""), pb.STORAGE_MEDIUM_UNSPECIFIED)
+    medium = _MEDIUMS.get(str(fields.get("medium") or "").upper(), pb.STORAGE_MEDIUM_UNSPECIFIED)
     if tag == "BlockStored":
         stored = pb.BlockStored(
             block_hashes=[block_hash(h) for h in fields["block_hashes"]],
@@ -95,7 +108,7 @@ def decode_event(event: Any) -> pb.KvEvent:
         if parent is not None:
             stored.parent_block_hash.CopyFrom(block_hash(parent))
         for keys in fields.get("extra_keys") or ():
-            stored.extra_keys.add(values=[str(key) for key in keys or ()])
+            stored.extra_keys.add(values=[_key_text(key) for key in keys or ()])
         return pb.KvEvent(block_stored=stored)
     if tag == "BlockRemoved":
         removed = pb.BlockRemoved(

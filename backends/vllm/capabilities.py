@@ -46,8 +46,10 @@ class EngineFeatures:
     has_tokenizer: bool
     structured_outputs: bool
     """The platform supports structured outputs (``Platform.supports_structured_output``)."""
-    prompt_token_id_logprobs: bool
-    """Model runner V2 scores explicit prompt candidate ids."""
+    token_id_logprobs: bool
+    """Explicit candidate ids are scored right (model runner V2). Runner V1 scores no prompt ones,
+    and its sampler answers every request of a batch with the explicit-id rows once one request
+    asks for them, so a top-N request batched with it gets the sampled token and -inf padding."""
     max_num_sequences: int
     """``VLLM_MAX_N_SEQUENCES``."""
     engines: int = 1
@@ -129,12 +131,10 @@ def generation_capabilities(config: Any, features: EngineFeatures) -> pb.Generat
     if config.lora_config is not None and not features.lora_prompt_logprobs:
         prompt_logprobs = pb.LogprobCapabilities(supported=False)
     else:
-        prompt_logprobs = logprob_capabilities(
-            max_logprobs, features.vocab_size, token_ids=features.prompt_token_id_logprobs
-        )
+        prompt_logprobs = logprob_capabilities(max_logprobs, features.vocab_size, token_ids=features.token_id_logprobs)
     return pb.GenerationCapabilities(
         prompt_logprobs=prompt_logprobs,
-        output_logprobs=logprob_capabilities(max_logprobs, features.vocab_size, token_ids=True),
+        output_logprobs=logprob_capabilities(max_logprobs, features.vocab_size, token_ids=features.token_id_logprobs),
         guided_decoding=guided_capabilities(guided_backend(config, features)),
         max_num_sequences=features.max_num_sequences,
         supports_priority=config.scheduler_config.policy == "priority",
@@ -207,13 +207,35 @@ def load_info(stats: Mapping[int, Any], *, blocks: int | None, ranks: Sequence[i
     return load
 
 
+def publisher_binds(endpoint: str) -> bool:
+    """Whether vLLM's ``ZmqEventPublisher`` binds ``endpoint`` (its rule: a wildcard, ipc or
+    inproc) rather than connecting out to a subscriber of the operator's own, which then holds
+    the address: there is nothing there for the gateway to subscribe to."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def subscribable(config: Any, sources: Mapping[int, Any]) -> Mapping[int, Any]:
+    """The publishers this process can subscribe to: ones vLLM binds, outside its own process.
+
+    vLLM decides on the configured endpoint (``kv_events_config``), not on the resolved one in
+    ``sources``, where a bound ``tcp://*:0`` reads as this node's address.
+    """
+    configured = getattr(getattr(config, "kv_events_config", None), "endpoint", None) or ""
+    if not publisher_binds(configured) or configured.startswith("inproc://"):
+        return {}
+    return sources
+
+
 def kv_event_sources(sources: Mapping[int, Any]) -> list[pb.KvEventSource]:
-    """vLLM's ZMQ publishers per data-parallel rank (endpoints as vLLM resolved them).
+    """Subscribable publishers (``subscribable``) per data-parallel rank, endpoints as vLLM
+    resolved them, that another host can reach: an ``ipc://`` socket has no host and port.
 
     A wildcard bind host stays a wildcard here; the gateway advertises its routable host instead.
     """
     result = []
     for rank, events in sorted(sources.items()):
+        if not events.endpoint.startswith("tcp://"):
+            continue
         host, port = zmq_host_port(events.endpoint)
         source = pb.KvEventSource(
             transport="zmq",
@@ -254,6 +276,8 @@ __all__ = [
     "logprob_capabilities",
     "model_info",
     "parallelism",
+    "publisher_binds",
     "resolved_max_logprobs",
+    "subscribable",
     "zmq_host_port",
 ]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from openengine_gateway import pb
@@ -53,6 +54,7 @@ from .pooling import PoolingEngine, PoolingModel, task_capabilities
 from .settings import VllmSettings
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _MODALITIES = {pb.MODALITY_IMAGE: "image", pb.MODALITY_VIDEO: "video", pb.MODALITY_AUDIO: "audio"}
 
@@ -167,7 +169,7 @@ class VllmBackend(Backend):
             vocab_size=model_config.get_vocab_size(),
             has_tokenizer=tokenizer is not None,
             structured_outputs=current_platform.supports_structured_output(),
-            prompt_token_id_logprobs=bool(config.use_v2_model_runner),
+            token_id_logprobs=bool(config.use_v2_model_runner),
             max_num_sequences=vllm.envs.VLLM_MAX_N_SEQUENCES,
             engines=len(getattr(engine.engine_core, "engine_ranks_managed", ())) or 1,
             lora_prompt_logprobs=not current_platform.is_cpu(),
@@ -177,15 +179,17 @@ class VllmBackend(Backend):
         transfer = config.kv_transfer_config
         self._dp_rank = config.parallel_config.data_parallel_rank
         generation_config = model_config.try_get_generation_config()
+        diff_sampling = model_config.get_diff_sampling_param()
         self._limits = mapping.EngineLimits(
             max_model_len=model_config.max_model_len,
             vocab_size=features.vocab_size,
             max_logprobs=capabilities.resolved_max_logprobs(model_config.max_logprobs, features.vocab_size),
             eos_token_ids=mapping.eos_token_ids(engine.renderer.get_eos_token_id(), generation_config),
-            sampling_defaults=mapping.sampling_defaults(model_config.get_diff_sampling_param()),
+            sampling_defaults=mapping.sampling_defaults(diff_sampling),
+            default_max_tokens=diff_sampling.get("max_tokens"),
             priority_scheduling=config.scheduler_config.policy == "priority",
             guided_backend=capabilities.guided_backend(config, features),
-            prompt_token_id_logprobs=features.prompt_token_id_logprobs,
+            token_id_logprobs=features.token_id_logprobs,
             role=role,
             transfer_backend=transfer.kv_connector if transfer is not None and transfer.kv_connector else "",
         )
@@ -194,7 +198,14 @@ class VllmBackend(Backend):
         task_table = task_capabilities(self._pooling.model) if self._pooling is not None else None
         if task_table is not None:
             info.tasks.CopyFrom(task_table)
-        kv_sources = engine.get_kv_event_sources()
+        published = engine.get_kv_event_sources()
+        kv_sources = capabilities.subscribable(config, published)
+        if published and not kv_sources:
+            log.warning(
+                "vLLM publishes KV events to %s, which it connects to: they go to the subscriber bound there, "
+                "not through this gateway (give vLLM a tcp://*:PORT or ipc:// endpoint to serve them)",
+                config.kv_events_config.endpoint,
+            )
         return EngineFacts(
             engine_name=capabilities.ENGINE_NAME,
             engine_version=version,
@@ -446,15 +457,20 @@ class VllmBackend(Backend):
 
     def kv_event_sources(self) -> list[pb.KvEventSource]:
         """vLLM's ZMQ KV-event publishers, one per data-parallel rank."""
-        return capabilities.kv_event_sources(self._running().get_kv_event_sources())
+        return capabilities.kv_event_sources(self._sources())
 
     def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
         """vLLM's published KV events, decoded into batches (vLLM's sequence numbers kept), with
         skipped batches replayed from vLLM's replay socket when it has one."""
-        sources = self._running().get_kv_event_sources()
+        sources = self._sources()
         batches = subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
         replay = {rank: events.replay_endpoint for rank, events in sources.items() if events.replay_endpoint}
         return repair_gaps(batches, replay)
+
+    def _sources(self) -> Mapping[int, Any]:
+        """vLLM's KV-event publishers this gateway can subscribe to, by data-parallel rank."""
+        engine = self._running()
+        return capabilities.subscribable(engine.vllm_config, engine.get_kv_event_sources())
 
     def _running(self) -> Any:
         if self._engine is None:

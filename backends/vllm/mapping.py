@@ -39,11 +39,14 @@ class EngineLimits:
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     """The model's generation-config defaults, as vLLM's own server applies them."""
+    default_max_tokens: int | None = None
+    """The generation config's ``max_new_tokens``: the budget of a request that sets none (vLLM's
+    server uses it so, ``get_max_tokens``), within the context."""
     priority_scheduling: bool = False
     guided_backend: str | None = None
     """The engine's structured-outputs backend; None when structured outputs are unavailable."""
-    prompt_token_id_logprobs: bool = False
-    """The engine scores explicit prompt candidate ids (``prompt_logprob_token_ids``, runner V2)."""
+    token_id_logprobs: bool = False
+    """The engine scores explicit candidate ids right (runner V2; see ``capabilities.EngineFeatures``)."""
     role: int = pb.ENGINE_ROLE_AGGREGATED
     transfer_backend: str = ""
     """The KV connector (``kv_transfer_config.kv_connector``): a decode's session must name it."""
@@ -98,25 +101,37 @@ def plan_generation(request: GenerationRequest, limits: EngineLimits, *, prompt_
     return GenerationPlan(sampling, structured, priority)
 
 
+_SEED_LIMIT = 2**64
+"""vLLM sends seeds to its engine core as msgpack unsigned 64-bit integers."""
+
+
 def _sampling(request: GenerationRequest, limits: EngineLimits) -> dict[str, Any]:
     given = request.sampling
     values = given.values(limits.sampling_defaults)
     if given.seed is not None:
         values["seed"] = given.seed
-    if given.num_sequences != 1:
+    # A prefill computes the prompt's KV once, for one handoff: the decode engine samples the
+    # outputs (vLLM would fan a prefill out into children, each with KV of its own to hand off).
+    outputs = 1 if limits.role == pb.ENGINE_ROLE_PREFILL else given.num_sequences
+    if outputs != 1:
         if values.get("temperature", 1.0) < 1e-5:
             raise InvalidArgument("vLLM samples num_sequences > 1 only with temperature > 0 (greedy gives one output)")
-        values["n"] = given.num_sequences
+        if given.seed is not None and given.seed + outputs - 1 >= _SEED_LIMIT:
+            raise InvalidArgument(
+                f"vLLM seeds output i with seed + i: seed {given.seed} leaves no room for {outputs} outputs below 2**64"
+            )
+        values["n"] = outputs
     return values
 
 
 def _budget(request: GenerationRequest, limits: EngineLimits, prompt_len: int | None) -> int | None:
-    """``max_tokens``: a prefill's one token, the caller's budget, or the rest of the context."""
+    """``max_tokens``: a prefill's one token, the caller's budget, else the model's default
+    within the rest of the context."""
     wanted = request.stopping.max_tokens
     if limits.role == pb.ENGINE_ROLE_PREFILL:
         return 1
-    if prompt_len is None:
-        return wanted
+    if prompt_len is None:  # multimodal: vLLM knows the length, and bounds None by the context
+        return wanted if wanted is not None else limits.default_max_tokens
     if prompt_len >= limits.max_model_len:
         raise InvalidArgument(f"prompt has {prompt_len} tokens; the model's context is {limits.max_model_len}")
     room = limits.max_model_len - prompt_len
@@ -124,7 +139,9 @@ def _budget(request: GenerationRequest, limits: EngineLimits, prompt_len: int | 
         raise InvalidArgument(
             f"prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the context ({limits.max_model_len})"
         )
-    return room if wanted is None else wanted
+    if wanted is not None:
+        return wanted
+    return room if limits.default_max_tokens is None else min(room, limits.default_max_tokens)
 
 
 def _stopping(request: GenerationRequest, limits: EngineLimits, prompt_len: int | None) -> dict[str, Any]:
@@ -184,7 +201,7 @@ def _prompt_logprobs(request: GenerationRequest, limits: EngineLimits, prompt_le
         return {"prompt_logprobs": 0, "flat_logprobs": True}
     if selection.mode != pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS:
         return {"prompt_logprobs": _count(selection), "flat_logprobs": True}
-    if not limits.prompt_token_id_logprobs:
+    if not limits.token_id_logprobs:
         raise InvalidArgument("this vLLM engine cannot score explicit prompt candidate token ids")
     if prompt_len is None:
         raise InvalidArgument("explicit prompt candidate ids need a text or token prompt (vLLM sizes them per row)")

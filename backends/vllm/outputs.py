@@ -160,15 +160,24 @@ class RequestStream:
     def _error(self, index: int) -> EngineFailure:
         """What vLLM's bare ``error`` finish means for this request.
 
-        vLLM gives no reason with it. A guided output failing before its first token is the
-        grammar that vLLM accepted but could not compile (the scheduler fails such a request
-        while it waits for its grammar): the caller's error, and retrying it fails again. A
-        decode's is its KV transfer; anything else, an engine-side failure worth a retry.
+        vLLM gives no reason with it. A decode's is its KV transfer (vLLM fails a request whose KV
+        load failed before its first token, guided or not). Otherwise a guided output failing
+        before its first token is the grammar that vLLM accepted but could not compile (the
+        scheduler fails such a request while it waits for its grammar): the caller's error, and
+        retrying it fails again. Anything else is an engine-side failure worth a retry.
         """
+        if self._request.kv_session is not None:
+            return EngineFailure(
+                pb.ERROR_CODE_KV_TRANSFER_FAILED,
+                "vLLM could not load the prefilled KV",
+                retryable=True,
+                retry_after_ms=0,
+            )
         if self._request.guidance is not None and self._counts[index] == 0:
             return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, "vLLM could not compile the guided-decoding grammar")
-        code = pb.ERROR_CODE_KV_TRANSFER_FAILED if self._request.kv_session else pb.ERROR_CODE_INTERNAL
-        return EngineFailure(code, "vLLM reported a retryable request error", retryable=True, retry_after_ms=0)
+        return EngineFailure(
+            pb.ERROR_CODE_INTERNAL, "vLLM reported a retryable request error", retryable=True, retry_after_ms=0
+        )
 
     def _prefill_done(self, output: Any, events: list[GenerationEvent]) -> None:
         """The prefill's one token is not emitted; its final transfer parameters are."""

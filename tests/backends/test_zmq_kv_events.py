@@ -94,6 +94,23 @@ def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
     assert second.block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
 
 
+def test_extra_keys_stay_readable_and_mediums_match_whatever_their_case() -> None:
+    """vLLM's ``to_event_extra_keys``: LoRA names and salts, ``(mm_identifier, offset)`` pairs and
+    sha256 digests of prompt embeds; a Mooncake store names its medium ``"cpu"``."""
+    digest = bytes(range(32))
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [5],
+        "token_ids": [1, 2],
+        "block_size": 2,
+        "medium": "cpu",
+        "extra_keys": [["adapter", ["img-hash", 3], digest]],
+    }
+    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    assert list(event.block_stored.extra_keys[0].values) == ["adapter", '["img-hash",3]', digest.hex()]
+    assert event.block_stored.medium == pb.STORAGE_MEDIUM_CPU_PINNED
+
+
 def test_an_eagle_engine_s_bigram_tokens_decode_as_its_tokens() -> None:
     """SGLang keys an EAGLE engine's radix cache by bigrams; its events carry each position as the
     pair (token, next token) (``mem_cache/events.py``)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 from openengine_backends.vllm import capabilities as caps
 from openengine_backends.vllm.capabilities import EngineFeatures
 from openengine_gateway import pb
@@ -14,7 +17,7 @@ FEATURES = EngineFeatures(
     vocab_size=512,
     has_tokenizer=True,
     structured_outputs=True,
-    prompt_token_id_logprobs=False,
+    token_id_logprobs=False,
     max_num_sequences=16384,
 )
 TOP_N, IDS, ALL = (
@@ -42,7 +45,7 @@ def test_kv_blocks_are_per_data_parallel_rank() -> None:
 
 def test_logprob_limits_follow_max_logprobs() -> None:
     info = caps.model_info(VllmConfig(), FEATURES).generation
-    assert list(info.output_logprobs.candidate_selection_modes) == [TOP_N, IDS]
+    assert list(info.output_logprobs.candidate_selection_modes) == [TOP_N], "runner V1 mixes a batch's rows"
     assert info.output_logprobs.max_top_n == 20
     assert list(info.prompt_logprobs.candidate_selection_modes) == [TOP_N], "prompt ids need model runner V2"
     unlimited = VllmConfig()
@@ -50,6 +53,7 @@ def test_logprob_limits_follow_max_logprobs() -> None:
     v2 = EngineFeatures(("generate",), 512, True, True, True, 16384)
     info = caps.model_info(unlimited, v2).generation
     assert list(info.prompt_logprobs.candidate_selection_modes) == [TOP_N, IDS, ALL]
+    assert list(info.output_logprobs.candidate_selection_modes) == [TOP_N, IDS, ALL]
     assert info.prompt_logprobs.max_top_n == 512
     none = caps.logprob_capabilities(0, 512, token_ids=True)
     assert list(none.candidate_selection_modes) == [IDS] and not none.HasField("max_top_n")
@@ -136,11 +140,33 @@ def test_kv_event_sources_keep_the_per_rank_endpoint() -> None:
     sources = caps.kv_event_sources(
         {
             0: KVEventsConfig(topic="kv"),
-            1: KVEventsConfig(endpoint="tcp://10.0.0.5:5558", replay_endpoint="tcp://*:6000"),
+            1: KVEventsConfig(endpoint="tcp://10.0.0.5:5558", replay_endpoint="tcp://*:6000"),  # tcp://*:0, bound
+            2: KVEventsConfig(endpoint="ipc:///tmp/kv"),  # no host and port to advertise
         }
     )
+    assert [source.data_parallel_rank for source in sources] == [0, 1]
     assert sources[0].endpoint_addr == pb.KvEndpoint(host="*", port=5557, protocol="tcp")
     assert sources[0].topic == "kv" and sources[0].encoding == "msgpack" and sources[0].data_parallel_rank == 0
     assert sources[1].endpoint_addr.host == "10.0.0.5" and sources[1].data_parallel_rank == 1
     assert sources[1].replay_endpoint == "tcp://*:6000" and sources[1].hwm == 100_000
     assert caps.zmq_host_port("tcp://[::1]:5557") == ("::1", 5557)
+
+
+@pytest.mark.parametrize(
+    ("configured", "served"),
+    [
+        ("tcp://*:5557", True),
+        ("tcp://*:0", True),  # resolved to this node's address in the sources: bound all the same
+        ("tcp://[::]:5557", True),
+        ("ipc:///tmp/kv", True),
+        ("tcp://127.0.0.1:5557", False),  # vLLM connects out to a subscriber of the operator's own
+        ("tcp://0.0.0.0:5557", False),
+        ("inproc://kv", False),
+    ],
+)
+def test_only_publishers_vllm_binds_are_subscribed_to(configured: str, served: bool) -> None:
+    """vLLM's ``ZmqEventPublisher._is_bind_endpoint``: any other endpoint it connects to."""
+    config = SimpleNamespace(kv_events_config=KVEventsConfig(endpoint=configured))
+    sources = {0: KVEventsConfig(endpoint="tcp://10.0.0.5:41000")}
+    assert bool(caps.subscribable(config, sources)) == served
+    assert not caps.subscribable(SimpleNamespace(kv_events_config=None), sources)

@@ -180,6 +180,16 @@ def test_a_guided_output_failing_before_its_first_token_is_its_grammar() -> None
     assert failure.value.code == pb.ERROR_CODE_INTERNAL and failure.value.retryable
 
 
+def test_a_guided_decode_failing_before_its_first_token_is_its_kv_transfer() -> None:
+    """vLLM fails a decode whose KV load failed before any token (``Scheduler``): not the grammar."""
+    guided = request(guidance=Guidance(pb.GUIDED_DECODING_MODE_REGEX, "a+"), kv_session=KvSession("s"))
+    with pytest.raises(EngineFailure) as failure:
+        RequestStream(guided, eos_token_ids=(EOS,)).events(
+            output(CompletionOutput(0, "", [], finish_reason="error"), finished=True)
+        )
+    assert failure.value.code == pb.ERROR_CODE_KV_TRANSFER_FAILED and failure.value.retryable
+
+
 def test_prefill_ends_with_its_final_transfer_params_as_the_session() -> None:
     params = {"remote_block_ids": [3, 4], "remote_port": 5600, "remote_host": "p0", "do_remote_prefill": True}
     stream = RequestStream(request(), eos_token_ids=(EOS,), prefill=True, transfer_backend="NixlConnector")

@@ -62,6 +62,17 @@ def test_greedy_with_several_sequences_is_rejected_like_vllm_does() -> None:
         plan_generation(request(sampling=Sampling(temperature=0.0, num_sequences=2)), LIMITS, prompt_len=4)
 
 
+def test_a_seed_that_leaves_no_room_for_every_output_is_refused_before_acceptance() -> None:
+    """vLLM seeds output i with seed + i, sent as an unsigned 64-bit integer: 2**64 fails in the engine."""
+    last = Sampling(seed=2**64 - 1, num_sequences=2, temperature=1.0)
+    with pytest.raises(InvalidArgument, match=r"below 2\*\*64"):
+        plan_generation(request(sampling=last), LIMITS, prompt_len=4)
+    fits = Sampling(seed=2**64 - 2, num_sequences=2, temperature=1.0)
+    assert plan_generation(request(sampling=fits), LIMITS, prompt_len=4).sampling["n"] == 2
+    one = Sampling(seed=2**64 - 1)
+    assert plan_generation(request(sampling=one), LIMITS, prompt_len=4).sampling["seed"] == 2**64 - 1
+
+
 def test_max_tokens_is_always_explicit() -> None:
     assert plan_generation(request(), LIMITS, prompt_len=4).sampling["max_tokens"] == 60
     plan = plan_generation(request(stopping=Stopping(max_tokens=7, min_tokens=2)), LIMITS, prompt_len=4)
@@ -70,6 +81,15 @@ def test_max_tokens_is_always_explicit() -> None:
         plan_generation(request(stopping=Stopping(max_tokens=61)), LIMITS, prompt_len=4)
     with pytest.raises(InvalidArgument, match="context is 64"):
         plan_generation(request(), LIMITS, prompt_len=64)
+
+
+def test_the_model_s_max_new_tokens_is_the_budget_of_a_request_that_sets_none() -> None:
+    """As vLLM's server does (``get_max_tokens``): the generation config's default, within the context."""
+    defaults = EngineLimits(max_model_len=64, vocab_size=512, max_logprobs=20, default_max_tokens=16)
+    assert plan_generation(request(), defaults, prompt_len=4).sampling["max_tokens"] == 16
+    assert plan_generation(request(), defaults, prompt_len=56).sampling["max_tokens"] == 8
+    explicit = request(stopping=Stopping(max_tokens=40))
+    assert plan_generation(explicit, defaults, prompt_len=4).sampling["max_tokens"] == 40, "a default, not a limit"
 
 
 def test_stops_and_include_stop_map_to_vllm() -> None:
@@ -112,7 +132,7 @@ def test_prompt_logprobs_top_n_and_all() -> None:
 
 def test_prompt_candidate_ids_use_vllm_rows_from_the_causal_start() -> None:
     wanted = LogprobRequest(CandidateSelection(IDS, token_ids=(3, 4)))
-    native = EngineLimits(max_model_len=64, vocab_size=512, max_logprobs=20, prompt_token_id_logprobs=True)
+    native = EngineLimits(max_model_len=64, vocab_size=512, max_logprobs=20, token_id_logprobs=True)
     plan = plan_generation(request(prompt_logprobs=wanted, prompt_logprob_start=2), native, prompt_len=4).sampling
     assert plan["prompt_logprob_start"] == 1 and plan["prompt_logprob_token_ids"] == [[3, 4], [3, 4]]
     assert plan["prompt_logprobs"] == 0
@@ -165,6 +185,10 @@ def test_prefill_engines_ask_the_connector_to_keep_kv_for_a_remote_decode() -> N
     plan = plan_generation(request(stopping=Stopping(max_tokens=9)), limits, prompt_len=4).sampling
     assert plan["max_tokens"] == 1
     assert plan["extra_args"] == {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    several = Sampling(num_sequences=3, temperature=1.0)
+    assert "n" not in plan_generation(request(sampling=several), limits, prompt_len=4).sampling, (
+        "one prefill, one handoff: the decode engine samples the outputs"
+    )
 
 
 DECODE = EngineLimits(

@@ -71,7 +71,7 @@ async def test_greedy_ids_logprobs_and_candidates_equal_transformers(
     assert sum(r.HasField("usage") for r in responses) == 1
 
 
-async def test_all_candidates_and_explicit_ids(stub: pb.OpenEngineStub, reference: Reference) -> None:
+async def test_all_candidates(stub: pb.OpenEngineStub, reference: Reference) -> None:
     prompt_ids = reference.encode(PROMPT)
     expected = reference.greedy(prompt_ids, 2)
     every = generate_request(
@@ -87,6 +87,14 @@ async def test_all_candidates_and_explicit_ids(stub: pb.OpenEngineStub, referenc
         assert [c.rank for c in token.candidates] == list(range(1, 513))
         for candidate in token.candidates[:50]:
             assert candidate.logprob == pytest.approx(float(step.logprobs[candidate.token_id]), abs=TOLERANCE)
+
+
+async def test_output_candidate_ids_where_the_engine_scores_them(stub: pb.OpenEngineStub, reference: Reference) -> None:
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest(model="tiny"))
+    if pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS not in info.generation.output_logprobs.candidate_selection_modes:
+        pytest.skip("vLLM scores output candidate ids right with model runner V2 only (GPU); not advertised here")
+    prompt_ids = reference.encode(PROMPT)
+    expected = reference.greedy(prompt_ids, 2)
     ids = [7, 300, expected[0].token_id]
     chosen = generate_request(
         "ids",

@@ -38,8 +38,38 @@ async def test_discovery_reports_the_started_engine(gateway: RunningGateway, stu
     prompt_modes = info.generation.prompt_logprobs.candidate_selection_modes
     v2 = engine_backend(gateway)._engine.vllm_config.use_v2_model_runner  # type: ignore[attr-defined]
     assert (pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS in prompt_modes) == v2, "runner V2 (GPU) only"
+    output_modes = info.generation.output_logprobs.candidate_selection_modes
+    assert (pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS in output_modes) == v2, "runner V2 only: see the next test"
     assert info.HasField("supports_multimodal") and not info.supports_multimodal
     assert not info.HasField("tasks"), "a generate-runner engine serves no pooling task"
+
+
+async def test_top_candidates_stay_right_beside_a_request_for_explicit_ids(stub: pb.OpenEngineStub) -> None:
+    """Why runner V1 advertises no explicit output candidate ids: its sampler answers every request
+    of a batch with the explicit-id rows once one asks for them (vLLM's ``Sampler.forward``), so a
+    top-N request batched with one got its sampled token and -inf padding instead of its top N."""
+
+    def request(request_id: str, selection: pb.CandidateTokenSelection) -> pb.GenerateRequest:
+        return generate_request(
+            request_id,
+            prompt=[1, 50, 60, 70],
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingOptions(max_tokens=24, ignore_eos=True),
+            response=pb.ResponseOptions(output_candidates=selection),
+        )
+
+    def candidates(responses: list[pb.GenerateResponse]) -> list[list[tuple[int, int]]]:
+        return [[(c.token_id, c.rank) for c in token.candidates] for token in tokens(responses)]
+
+    alone = candidates(await collect(stub, request("top-alone", pb.CandidateTokenSelection(top_n=3))))
+    ids = pb.CandidateTokenSelection(token_ids=pb.TokenIds(ids=[7, 300]))
+    beside = collect(stub, request("top-beside", pb.CandidateTokenSelection(top_n=3)))
+    results = await asyncio.gather(beside, collect(stub, request("ids", ids)), return_exceptions=True)
+    assert candidates(results[0]) == alone  # type: ignore[arg-type]
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+    if pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS not in info.generation.output_logprobs.candidate_selection_modes:
+        assert isinstance(results[1], grpc.aio.AioRpcError)
+        assert results[1].code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def expect_status(call: object, code: grpc.StatusCode, match: str = "") -> None:
