@@ -29,6 +29,7 @@ from .telemetry import Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 class TaskService:
@@ -53,32 +54,37 @@ class TaskService:
         self._limits = limits or RequestLimits()
         self._telemetry = telemetry
 
-    def _route(self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput]) -> Engine:
+    def _route(
+        self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput], parse: Callable[[pb.ModelInfo], C]
+    ) -> tuple[Engine, C]:
+        """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), what the
+        model advertises (INVALID_ARGUMENT past an advertised limit, which ``--max-task-items``
+        narrows), then the operator's caps (RESOURCE_EXHAUSTED), then the engine's readiness."""
         rules.require_context(context)
         self._state.check_accepting()
-        engine = self._engines.resolve(context.model, required=True)  # an unknown model is NOT_FOUND first
+        engine = self._engines.resolve(context.model, required=True)
+        call = parse(engine.model_info)
         check_task_inputs(inputs, self._limits)
         self._state.check_engine(engine.served_name)
-        return engine
+        return engine, call
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
-        engine = self._route(request.context, request.inputs)
-        call = rules.parse_embed(request, engine.model_info)
+        engine, call = self._route(request.context, request.inputs, lambda info: rules.parse_embed(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.embed(call))
         return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
-        engine = self._route(request.context, request.inputs)
-        call = rules.parse_classify(request, engine.model_info)
+        engine, call = self._route(request.context, request.inputs, lambda info: rules.parse_classify(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.classify(call))
         return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
-        engine = self._route(request.context, score_inputs(request))
-        call = rules.parse_score(request, engine.model_info)
+        engine, call = self._route(
+            request.context, score_inputs(request), lambda info: rules.parse_score(request, info)
+        )
         result, usage = await self._run(engine, call.context, engine.backend.score(call))
         return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
 

@@ -56,25 +56,27 @@ async def test_prompt_length_limits() -> None:
 
 
 async def test_task_batch_limit() -> None:
-    async with gateway(options=GatewayOptions(max_task_items=2)) as running:
+    """Advertised as the tasks' limits (past one: INVALID_ARGUMENT, as for any advertised limit); a Score
+    within its advertised limits but past the cap in all is the operator's refusal (RESOURCE_EXHAUSTED)."""
+    async with gateway(options=GatewayOptions(max_task_items=5)) as running:
         stub = running.stub
         tasks = (await stub.GetModelInfo(pb.GetModelInfoRequest(model="mock"))).tasks  # what is admitted, advertised
-        assert (tasks.embed.max_batch_size, tasks.classify.max_batch_size) == (2, 2)
-        assert (tasks.score.max_groups, tasks.score.max_candidates_per_group) == (1, 1)
-        inputs = [pb.TaskInput(item_id=str(i), text="x") for i in range(3)]
-        await stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs[:2]))
+        assert (tasks.embed.max_batch_size, tasks.classify.max_batch_size) == (5, 5)
+        assert (tasks.score.max_groups, tasks.score.max_candidates_per_group) == (2, 4)
+        inputs = [pb.TaskInput(item_id=str(i), text="x") for i in range(6)]
+        await stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs[:5]))
         assert (await refused(stub.Embed(pb.EmbedRequest(context=task(), inputs=inputs)))).code() == (
-            grpc.StatusCode.RESOURCE_EXHAUSTED
+            grpc.StatusCode.INVALID_ARGUMENT
         )
         assert (await refused(stub.Classify(pb.ClassifyRequest(context=task(), inputs=inputs)))).code() == (
-            grpc.StatusCode.RESOURCE_EXHAUSTED
+            grpc.StatusCode.INVALID_ARGUMENT
         )
         unknown = pb.EmbedRequest(context=task(), inputs=inputs)
         unknown.context.model = "nope"
         assert (await refused(stub.Embed(unknown))).code() == grpc.StatusCode.NOT_FOUND, "the model, before the cap"
-        group = pb.ScoreGroup(group_id="g", query=inputs[0], candidates=inputs[1:])
-        error = await refused(stub.Score(pb.ScoreRequest(context=task(), groups=[group])))
-        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 task inputs" in (error.details() or "")
+        groups = [pb.ScoreGroup(group_id=f"g{g}", query=inputs[0], candidates=inputs[1:3]) for g in range(2)]
+        error = await refused(stub.Score(pb.ScoreRequest(context=task(), groups=groups)))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "6 task inputs" in (error.details() or "")
 
 
 async def test_concurrent_requests_limit_carries_a_retry_hint() -> None:
