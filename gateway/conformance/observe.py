@@ -132,6 +132,11 @@ def advertised(message: Message, field: str) -> bool:
     return present(message, field) and bool(getattr(message, field))
 
 
+def denied(message: Message, field: str) -> bool:
+    """A boolean capability is reported unsupported only when present and false (absent: unknown)."""
+    return present(message, field) and not getattr(message, field)
+
+
 def check_engine_error(error: pb.EngineError, where: str) -> None:
     """An ``EngineError`` names its code, and carries ``retry_after_ms`` only when retryable."""
     if error.code == pb.ERROR_CODE_UNSPECIFIED:

@@ -20,7 +20,11 @@ _TARGETS = (
 )
 
 
-async def _abort(target: Target, request: pb.AbortRequest) -> pb.AbortResponse:
+_STREAMED_ON_S = 0.5
+"""A request that Abort called finished has nothing left to stream but what was already on its way."""
+
+
+async def abort_request(target: Target, request: pb.AbortRequest) -> pb.AbortResponse:
     """Abort, treating UNIMPLEMENTED (an engine without abort) as not applicable."""
     try:
         return await target.client.abort(request)
@@ -70,6 +74,7 @@ async def idle(target: Target, within_s: float = 2.0) -> None:
     "Use all_requests {} to abort every request; omitting the target returns gRPC INVALID_ARGUMENT.",
 )
 async def target_required(target: Target) -> None:
+    target.require(await _abort_implemented(target) is not False, "Abort (it answers UNIMPLEMENTED)")
     await target.expect_status(
         target.client.abort(pb.AbortRequest()), grpc.StatusCode.INVALID_ARGUMENT, what="Abort without a target"
     )
@@ -78,9 +83,25 @@ async def target_required(target: Target) -> None:
 @rule("abort.unknown-request", SECTION, _TARGETS)
 async def unknown_request(target: Target) -> None:
     request = pb.AbortRequest(request_id=target.request_id("never-sent"))
-    await target.expect_status(
-        target.client.abort(request), grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED, what="unknown id"
-    )
+    codes = [grpc.StatusCode.NOT_FOUND]
+    if await _abort_implemented(target) is not True:  # UNIMPLEMENTED only from an engine without abort
+        codes.append(grpc.StatusCode.UNIMPLEMENTED)
+    await target.expect_status(target.client.abort(request), *codes, what="unknown id")
+
+
+async def _abort_implemented(target: Target) -> bool | None:
+    """Whether Abort works here, from an Abort of a finished request (None: no request to probe with)."""
+    if target.role != pb.ENGINE_ROLE_AGGREGATED:
+        return None
+    request = target.prompt(max_tokens=1)
+    (await target.run(request)).succeeded()
+    try:
+        await target.client.abort(pb.AbortRequest(request_id=request.request_id))
+    except StatusError as error:
+        if error.code == grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        raise
+    return True
 
 
 @rule("abort.unknown-kv-session", SECTION, _TARGETS)
@@ -100,7 +121,7 @@ async def already_finished(target: Target) -> None:
     request = target.prompt(max_tokens=1)
     (await target.run(request)).succeeded()
     for attempt in ("first", "second"):
-        response = await _abort(target, pb.AbortRequest(request_id=request.request_id))
+        response = await abort_request(target, pb.AbortRequest(request_id=request.request_id))
         if response.status != pb.ABORT_STATUS_ALREADY_FINISHED:
             raise CheckFailed(
                 f"the {attempt} Abort of a finished request answered {pb.AbortStatus.Name(response.status)}, "
@@ -118,15 +139,24 @@ async def in_flight(target: Target) -> None:
     target.require_generation()
     request = target.long_request()
     call = target.open_call(request)
-    await call.first()
-    response = await _abort(target, pb.AbortRequest(request_id=request.request_id))
-    stream = await call.rest()
+    try:
+        await call.first()
+        response = await abort_request(target, pb.AbortRequest(request_id=request.request_id))
+        answered = asyncio.get_running_loop().time()
+        stream = await call.rest()
+    finally:
+        call.cancel()  # a no-op once read to the end; else the request is not left running
     if response.status == pb.ABORT_STATUS_ALREADY_FINISHED:
+        streamed_on = asyncio.get_running_loop().time() - answered
+        if streamed_on > _STREAMED_ON_S:
+            raise CheckFailed(
+                f"Abort answered ALREADY_FINISHED, but the request streamed on for {streamed_on:.1f}s after it"
+            )
         raise NotApplicable("the request finished before the Abort arrived")
     if response.status != pb.ABORT_STATUS_ABORTED:
         raise CheckFailed(f"Abort of an in-flight request answered {pb.AbortStatus.Name(response.status)}")
     cancelled_cleanly(stream)
-    again = await _abort(target, pb.AbortRequest(request_id=request.request_id))
+    again = await abort_request(target, pb.AbortRequest(request_id=request.request_id))
     if again.status != pb.ABORT_STATUS_ALREADY_FINISHED:
         raise CheckFailed(f"a second Abort answered {pb.AbortStatus.Name(again.status)}, expected ALREADY_FINISHED")
     await idle(target)
@@ -142,9 +172,12 @@ async def usage(target: Target) -> None:
     target.require_generation()
     request = target.long_request()
     call = target.open_call(request)
-    await call.first()
-    response = await _abort(target, pb.AbortRequest(request_id=request.request_id))
-    stream = (await call.rest()).succeeded()
+    try:
+        await call.first()
+        response = await abort_request(target, pb.AbortRequest(request_id=request.request_id))
+        stream = (await call.rest()).succeeded()
+    finally:
+        call.cancel()  # a no-op once read to the end; else the request is not left running
     if response.status != pb.ABORT_STATUS_ABORTED:
         raise NotApplicable("the request finished before the Abort arrived")
     prompt, emitted = stream.usage.prompt_tokens, len(stream.tokens())
@@ -167,7 +200,7 @@ async def all_requests(target: Target) -> None:
     try:
         for held in calls:
             await held.first()
-        response = await _abort(target, pb.AbortRequest(all_requests=pb.AllRequests()))
+        response = await abort_request(target, pb.AbortRequest(all_requests=pb.AllRequests()))
         if response.status != pb.ABORT_STATUS_ABORTED:
             raise CheckFailed(f"Abort(all_requests) answered {pb.AbortStatus.Name(response.status)}")
         for held in calls:
@@ -188,7 +221,7 @@ async def kv_session(target: Target) -> None:
     target.require_role(pb.ENGINE_ROLE_PREFILL)
     stream = (await target.run(target.prompt(max_tokens=1))).succeeded()
     session = stream.last.prefill_ready.kv_session
-    response = await _abort(target, pb.AbortRequest(kv_session=session))
+    response = await abort_request(target, pb.AbortRequest(kv_session=session))
     if response.status != pb.ABORT_STATUS_ABORTED:
         raise CheckFailed(f"Abort of a held KV session answered {pb.AbortStatus.Name(response.status)}")
     with contextlib.suppress(StatusError):
@@ -234,4 +267,4 @@ async def deadline(target: Target) -> None:
     await idle(target)
 
 
-__all__ = ["cancelled_cleanly", "idle"]
+__all__ = ["abort_request", "cancelled_cleanly", "idle"]

@@ -95,6 +95,10 @@ async def json_object(target: Target) -> None:
 )
 async def unadvertised_rejected(target: Target) -> None:
     target.require_generation()
+    target.require(
+        target.model_info.generation.HasField("guided_decoding"),
+        "its guided decoding capability (absent is unreported, not unsupported)",
+    )
     advertised = _advertised(target)
     missing = [mode for mode in _PROBES if mode not in advertised]
     target.require(bool(missing), "a guided decoding mode it does not support")

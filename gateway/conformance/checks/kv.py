@@ -21,7 +21,8 @@ _WAIT_S = 5.0
 
 
 def _wildcard(host: str) -> bool:
-    if host in ("", "*", "0.0.0.0", "::", "[::]"):
+    """A bind wildcard, in any spelling (``*`` anywhere, an unspecified address), or not a host at all."""
+    if host in ("", "0.0.0.0", "::", "[::]") or "*" in host or "://" in host:
         return True
     with contextlib.suppress(ValueError):
         return ipaddress.ip_address(host.strip("[]")).is_unspecified
@@ -202,6 +203,8 @@ async def decode_validates_session(target: Target) -> None:
         raise CheckFailed("a decode request with an unknown session and transfer backend succeeded")
     if stream.last.WhichOneof("event") != "error" or len(stream.events("error")) != 1:
         raise CheckFailed("the failed decode stream does not end with exactly one EngineError")
+    if not stream.last.HasField("usage"):
+        raise CheckFailed("the failed decode's terminal EngineError carries no usage (the final response does)")
     check_engine_error(error, "the decode failure")
 
 

@@ -98,7 +98,8 @@ async def unknown(target: Target) -> None:
     "lora.lifecycle",
     SECTION,
     "Loading the same ID, name, and path twice is idempotent. A conflicting ID, name, or path returns "
-    "ALREADY_EXISTS. An unknown adapter returns NOT_FOUND.",
+    "ALREADY_EXISTS. An unknown adapter returns NOT_FOUND. supports_lora=true means the engine accepts "
+    "GenerateRequest.lora_name and the LoRA lifecycle RPCs.",
 )
 async def lifecycle(target: Target) -> None:
     target.require(_enabled(target), "supports_lora = true")
@@ -136,6 +137,9 @@ async def lifecycle(target: Target) -> None:
                 await target.expect_status(
                     target.client.load_lora(conflict), grpc.StatusCode.ALREADY_EXISTS, what=f"LoadLora with {what}"
                 )
+            if target.role == pb.ENGINE_ROLE_AGGREGATED and target.model_info.HasField("generation"):
+                # supports_lora = true means the engine accepts GenerateRequest.lora_name: the loaded one.
+                (await target.run(target.prompt(max_tokens=1, lora_name=adapter.lora_name))).succeeded()
             unloaded = await target.client.unload_lora(adapter.lora_name)
             if unloaded.adapter.lora_name != adapter.lora_name:
                 raise CheckFailed(f"UnloadLora returned {unloaded.adapter}")

@@ -102,16 +102,17 @@ async def native_direction(target: Target) -> None:
 async def label_tokens(target: Target) -> None:
     caps = require_task(target, "score")
     target.require(advertised(caps, "supports_label_token_scoring"), "label-token scoring")
+    labels = _LABELS[: caps.max_label_token_ids] if caps.HasField("max_label_token_ids") else _LABELS
     normalizations = [pb.SCORE_NORMALIZATION_UNSPECIFIED, *caps.normalizations]
     for normalization in normalizations:
-        response = await _score(target, caps, label_token_ids=_LABELS, normalization=normalization)
-        if list(response.label_token_ids) != _LABELS:
-            raise CheckFailed(f"label_token_ids {_LABELS} came back as {list(response.label_token_ids)}")
+        response = await _score(target, caps, label_token_ids=labels, normalization=normalization)
+        if list(response.label_token_ids) != labels:
+            raise CheckFailed(f"label_token_ids {labels} came back as {list(response.label_token_ids)}")
         if normalization and response.normalization != normalization:
             raise CheckFailed(f"requested normalization {normalization}, response reports {response.normalization}")
         for group in response.groups:
             for candidate in group.candidates:
-                if candidate.scores.shape[-1] != len(_LABELS):
+                if candidate.scores.shape[-1] != len(labels):
                     raise CheckFailed(f"a candidate's scores {list(candidate.scores.shape)} do not hold one per label")
                 if response.normalization == pb.SCORE_NORMALIZATION_SOFTMAX:
                     for vector in rows(candidate.scores.values, candidate.scores.shape):
@@ -153,7 +154,6 @@ async def malformed_groups(target: Target) -> None:
     one = _groups(target, caps)[0]
     cases["a group without candidates"] = [pb.ScoreGroup(group_id="g", query=one.query)]
     cases["a group without a query"] = [pb.ScoreGroup(group_id="g", candidates=one.candidates)]
-    cases["a group without group_id"] = [pb.ScoreGroup(query=one.query, candidates=one.candidates)]
     if not caps.HasField("max_groups") or caps.max_groups > 1:
         cases["duplicate group ids"] = [one, one]
     twin = item(target, caps, "twin", "x")

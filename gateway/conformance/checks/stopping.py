@@ -7,7 +7,7 @@ import grpc
 
 from ... import pb
 from ..kit import CheckFailed, NotApplicable, Target, rule
-from ..observe import Stream, advertised
+from ..observe import Stream, advertised, denied
 
 SECTION = "Generation API"
 _STOP = (
@@ -124,7 +124,10 @@ async def include_stop_text(target: Target) -> None:
 )
 async def include_unadvertised(target: Target) -> None:
     target.require_generation()
-    target.require(not _supports_include(target), "a model without supports_stop_in_output")
+    target.require(
+        denied(target.model_info.generation, "supports_stop_in_output"),
+        "supports_stop_in_output = false (absent is unreported, not unsupported)",
+    )
     request = target.prompt(max_tokens=1, include_stop_in_output=True)
     await target.expect_rejected(
         request, grpc.StatusCode.INVALID_ARGUMENT, what="include_stop_in_output on a model that does not advertise it"

@@ -9,7 +9,8 @@ import grpc
 
 from ... import pb
 from ..kit import CheckFailed, Target, rule
-from ..observe import advertised, present
+from ..observe import advertised, denied, present
+from .abort import abort_request
 
 SECTION = "Non-generative task API"
 TASKS = ("embed", "classify", "score")
@@ -234,17 +235,20 @@ async def context_options(target: Target) -> None:
 
     async def check(task: str, caps: Any) -> None:
         nonlocal tried
-        if not advertised(caps, "supports_priority"):
+        if denied(caps, "supports_priority"):
             request = build(target, task, caps, priority=1)
             await target.expect_status(call(target, task)(request), _INVALID, what=f"{task}: unadvertised priority")
             tried += 1
-        if not advertised(caps, "supports_lora"):
+        elif advertised(caps, "supports_priority"):
+            await call(target, task)(build(target, task, caps, priority=1))  # an advertised option is honoured
+            tried += 1
+        if denied(caps, "supports_lora"):
             request = build(target, task, caps, lora_name="conformance-adapter")
             await target.expect_status(call(target, task)(request), _INVALID, what=f"{task}: unadvertised lora_name")
             tried += 1
 
     await each_supported(target, check)
-    target.require(tried > 0, "a task without priority or LoRA support")
+    target.require(tried > 0, "a task that reports its priority or LoRA support")
 
 
 @rule(
@@ -267,6 +271,13 @@ async def batch_limit(target: Target) -> None:
             call(target, task)(build(target, task, caps, inputs)), _INVALID, what=f"{task}: more than {limit_field}"
         )
         tried += 1
+        if task == "score" and caps.HasField("max_groups") and caps.max_groups <= 1024:
+            query, candidate = item(target, caps, "query", "query"), item(target, caps, "candidate", "candidate")
+            groups = [
+                pb.ScoreGroup(group_id=f"g{n}", query=query, candidates=[candidate]) for n in range(caps.max_groups + 1)
+            ]
+            request = pb.ScoreRequest(context=context(target), groups=groups)
+            await target.expect_status(target.client.score(request), _INVALID, what="score: more than max_groups")
 
     await each_supported(target, check)
     target.require(tried > 0, "a task batch limit")
@@ -326,7 +337,7 @@ async def abort_after_finish(target: Target) -> None:
         request = build(target, task, caps)
         await call(target, task)(request)
         for _ in range(2):
-            response = await target.client.abort(pb.AbortRequest(request_id=request.context.request_id))
+            response = await abort_request(target, pb.AbortRequest(request_id=request.context.request_id))
             if response.status != pb.ABORT_STATUS_ALREADY_FINISHED:
                 raise CheckFailed(
                     f"Abort after a finished {task}: {pb.AbortStatus.Name(response.status)}, expected ALREADY_FINISHED"
