@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,12 +49,24 @@ class ActiveRequest:
             self.on_failure(failure)
 
 
+_KEPT_ID_CHARS = 128
+"""A remembered id longer than this is kept as its digest: the window's memory is bounded by its
+length, however long the ids clients send."""
+
+
+def _kept(identifier: str) -> str | bytes:
+    """How an id is remembered in the finished window."""
+    if len(identifier) <= _KEPT_ID_CHARS:
+        return identifier
+    return hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=32).digest()
+
+
 class RequestRegistry:
     """In-flight requests by id, recently finished ids, and change notification for drains."""
 
     def __init__(self, *, finished_window: int = 65536, max_in_flight: int | None = None) -> None:
         self._active: dict[str, ActiveRequest] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished: OrderedDict[str | bytes, None] = OrderedDict()
         self._finished_window = finished_window
         self._sessions: OrderedDict[str, None] = OrderedDict()
         """KV session ids handed out or released, most recent last, within the same window."""
@@ -71,7 +84,7 @@ class RequestRegistry:
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
             )
         self._active[request.request_id] = request
-        self._finished.pop(request.request_id, None)
+        self._finished.pop(_kept(request.request_id), None)
         self._notify()
 
     def release(self, request: ActiveRequest, *, finished: bool = True) -> None:
@@ -84,7 +97,7 @@ class RequestRegistry:
             return
         del self._active[request.request_id]
         if finished:
-            self._finished[request.request_id] = None
+            self._finished[_kept(request.request_id)] = None
             if len(self._finished) > self._finished_window:
                 self._finished.popitem(last=False)
         self._notify()
@@ -95,7 +108,7 @@ class RequestRegistry:
 
     def recently_finished(self, request_id: str) -> bool:
         """True when the id finished and is still inside the remembered window."""
-        return request_id in self._finished
+        return _kept(request_id) in self._finished
 
     def in_flight(self) -> list[ActiveRequest]:
         """A snapshot of every in-flight request."""

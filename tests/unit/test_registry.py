@@ -66,6 +66,20 @@ def test_finished_window_is_bounded() -> None:
     assert len(registry._finished) == 3  # bounded memory
 
 
+def test_a_long_finished_id_is_remembered_in_bounded_memory() -> None:
+    """Any client may send megabyte ids: the window keeps a long one as its digest, still exactly."""
+    registry = RequestRegistry()
+    long_id, sibling = "r" * 1_000_000, "r" * 999_999 + "s"
+    request = active(long_id)
+    registry.admit(request)
+    registry.release(request)
+    kept = next(iter(registry._finished))
+    assert isinstance(kept, bytes) and len(kept) == 32
+    assert registry.recently_finished(long_id) and not registry.recently_finished(sibling)
+    registry.admit(active(long_id))  # reused while remembered: it is in flight again, not finished
+    assert not registry.recently_finished(long_id)
+
+
 def test_remembered_kv_sessions_are_bounded_and_refreshed() -> None:
     registry = RequestRegistry(finished_window=3)
     for name in "abc":
