@@ -20,6 +20,7 @@ import bisect
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -126,6 +127,17 @@ def _mix(value: int) -> int:
     return value ^ (value >> 31)
 
 
+ADAPTER_TABLES = 16
+"""Per-adapter tables kept at most: ``forget`` drops an unloaded adapter's, but a request still
+running with it when it was unloaded builds it again, and adapter ids are the caller's."""
+
+
+def bound(tables: dict[int, Any]) -> None:
+    """Drop the oldest of ``tables`` past ``ADAPTER_TABLES`` (rebuilt on demand if used again)."""
+    while len(tables) > ADAPTER_TABLES:
+        del tables[next(iter(tables))]
+
+
 def _root_key(seed: int, lora_id: int) -> int:
     """The hash every context of a (seed, adapter) starts from."""
     return _mix((seed * 0x9E3779B97F4A7C15 + lora_id) & _MASK64)
@@ -171,6 +183,7 @@ class PseudoModel:
         root = _root_key(self.seed, lora_id)
         steps = [(root ^ token) * _FNV_PRIME & _MASK64 for token in range(VOCAB_SIZE)]
         self._first_steps[lora_id] = steps
+        bound(self._first_steps)
         return steps
 
     def row_at(self, tokens: Sequence[int], end: int, lora_id: int = 0) -> int:
@@ -202,4 +215,13 @@ class PseudoModel:
         return [int(t) for t in self.tables.order[row, :n]]
 
 
-__all__ = ["CONTEXT_WINDOW", "CONTINUATION_ROWS", "FREE_ROWS", "ModelTables", "PseudoModel", "build_tables"]
+__all__ = [
+    "ADAPTER_TABLES",
+    "CONTEXT_WINDOW",
+    "CONTINUATION_ROWS",
+    "FREE_ROWS",
+    "ModelTables",
+    "PseudoModel",
+    "bound",
+    "build_tables",
+]

@@ -26,7 +26,7 @@ from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import ClassifyCall, EmbedCall, ScoreCall, TaskItem
 
-from .model import PseudoModel
+from .model import PseudoModel, bound
 from .tokenizer import BOS, VOCAB_SIZE, encode, encode_input
 
 _SEQUENCE = pb.TASK_OUTPUT_GRANULARITY_SEQUENCE
@@ -81,6 +81,7 @@ class TaskModel:
         if table is None:
             delta = np.random.default_rng([self._seed, lora_id, 0x6C6F7261]).normal(0.0, 0.5, self._embeddings.shape)
             table = self._adapters[lora_id] = self._embeddings + delta
+            bound(self._adapters)
         return table
 
     def forget(self, lora_id: int) -> None:

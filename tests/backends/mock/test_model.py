@@ -111,3 +111,15 @@ def test_a_forgotten_adapter_hashes_as_before() -> None:
     before = model.row(context, lora_id=9)
     model.forget(9)
     assert model.row(context, lora_id=9) == before == _reference_row(0, context, 9)
+
+
+def test_per_adapter_tables_stay_bounded_whatever_ids_are_used() -> None:
+    """A request still running with an adapter when it is unloaded builds its table again after
+    ``forget``; adapter ids are the caller's, so the tables are bounded, and rows stay exact."""
+    from openengine_backends.mock.model import ADAPTER_TABLES
+
+    model = PseudoModel(0)
+    context = encode("a long enough context")
+    rows = {lora_id: model.row(context, lora_id) for lora_id in range(1, 5 * ADAPTER_TABLES)}
+    assert len(model._first_steps) == ADAPTER_TABLES
+    assert all(model.row(context, lora_id) == row for lora_id, row in rows.items())
