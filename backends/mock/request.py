@@ -178,14 +178,14 @@ class MockRequest:
             self._deliver(output, kept, text, pb.FINISH_REASON_STOP, stop)
             return
         new_text = output.decoder.feed(token)
-        fed = output.matcher.feed(new_text, armed=output.generated >= stopping.min_tokens)
+        fed = output.matcher.feed(new_text, armed=past_min)  # as vLLM: only a token past min_tokens completes one
         if isinstance(fed, StopTextHit):
             self._deliver(output, record, fed.text, pb.FINISH_REASON_STOP, StopMatch.text(fed.stop))
             return
         if output.generated < self.max_tokens:
             self._deliver(output, record, fed)
             return
-        rest = output.matcher.feed(output.decoder.flush())
+        rest = output.matcher.feed(output.decoder.flush(), armed=past_min)
         if isinstance(rest, StopTextHit):
             self._deliver(output, record, fed + rest.text, pb.FINISH_REASON_STOP, StopMatch.text(rest.stop))
         else:

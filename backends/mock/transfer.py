@@ -47,6 +47,7 @@ class SessionStore:
 
     def __init__(self, host: str, port: int, timeout_s: float, publish: Callable[[pb.RuntimeEvent], None]) -> None:
         self._host = host
+        self._advertised = host
         self._port = port
         self._timeout_s = timeout_s
         self._publish = publish
@@ -55,10 +56,8 @@ class SessionStore:
 
     @property
     def endpoint(self) -> Endpoint:
-        """Where decode engines connect (the bound port once started; this host's name for a
-        wildcard bind address, which no other machine could connect to)."""
-        host = socket.getfqdn() if self._host in _WILDCARDS else self._host
-        return Endpoint(host, self._port, PROTOCOL)
+        """Where decode engines connect (the bound port and this host's name once started)."""
+        return Endpoint(self._advertised, self._port, PROTOCOL)
 
     @property
     def listening(self) -> bool:
@@ -72,6 +71,8 @@ class SessionStore:
         """Bind the transfer server (port 0 picks a free one)."""
         self._server = await asyncio.start_server(self._serve, self._host, self._port, limit=_LINE_LIMIT)
         self._port = self._server.sockets[0].getsockname()[1]
+        if self._host in _WILDCARDS:  # where to listen, not where another machine can connect (looked up once)
+            self._advertised = await asyncio.to_thread(socket.getfqdn)
 
     async def stop(self) -> None:
         """Close the server and release every session."""

@@ -138,8 +138,8 @@ class RequestStream:
         new_ids, new_text = state.cumulative.update(token_ids, completion.text or "", final=reason is not None)
         first = state.cumulative.tokens_sent - len(new_ids)
         records = self._records(state, completion, first, new_ids)
+        fed = self._match(state, new_ids, new_text)
         state.generated += len(new_ids)
-        fed = self._match(state, new_text)
         if isinstance(fed, StopTextHit):
             stop = OutputFinished(index, pb.FINISH_REASON_STOP, StopMatch.text(fed.stop))
             events.extend(self._close(index, records, fed.text, stop, result))
@@ -185,9 +185,24 @@ class RequestStream:
             self._outputs[index].generated += 1  # sampled, then dropped by TensorRT-LLM as asked
         return OutputFinished(index, pb.FINISH_REASON_STOP, match)
 
-    def _match(self, state: _Output, new_text: str) -> str | StopTextHit:
-        """Stop strings count from ``min_tokens`` on, as TensorRT-LLM's own stop words do."""
-        return state.matcher.feed(new_text, armed=state.generated >= self._request.stopping.min_tokens)
+    def _match(self, state: _Output, new_ids: Sequence[int], new_text: str) -> str | StopTextHit:
+        """Stop strings may complete only in the text of tokens past ``min_tokens`` (as in vLLM).
+
+        A step of several tokens that crosses that boundary is split where the text of its
+        tokens up to it ends (per token decoded: TensorRT-LLM gives the step's text whole).
+        """
+        unarmed = min(max(self._request.stopping.min_tokens - state.generated, 0), len(new_ids))
+        if not unarmed:
+            return state.matcher.feed(new_text)
+        if unarmed == len(new_ids):
+            return state.matcher.feed(new_text, armed=False)
+        cut = min(len(new_text), sum(len(self._decode(token)) for token in new_ids[:unarmed]))
+        before = state.matcher.feed(new_text[:cut], armed=False)
+        assert isinstance(before, str)  # unarmed text completes no stop string
+        after = state.matcher.feed(new_text[cut:])
+        if isinstance(after, StopTextHit):
+            return StopTextHit(before + after.text, after.stop)
+        return before + after
 
     def _records(self, state: _Output, completion: Any, first: int, new_ids: Sequence[int]) -> list[TokenRecord]:
         wanted = self._request.output_logprobs

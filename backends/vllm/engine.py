@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
+import zmq
 from openengine_gateway import pb
 from openengine_gateway.errors import (
     EngineFailure,
@@ -91,6 +92,20 @@ def _keep_only_stat_logger(engine: Any, kept: type) -> None:
         manager.stat_loggers[:] = [logger for logger in manager.stat_loggers if isinstance(logger, kept)]
 
 
+_SOCKET_NAME_CHARS = 37
+"""``/<uuid4>``: what vLLM appends to its RPC base path for each socket."""
+
+
+def _socket_directory() -> tempfile.TemporaryDirectory[str] | None:
+    """A directory of this engine's own for vLLM's socket files, under vLLM's base path; None
+    where its longer paths would pass ZeroMQ's limit on IPC paths (vLLM then uses the base)."""
+    base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
+    if len(os.path.join(base, "oe-vllm-12345678")) + _SOCKET_NAME_CHARS > zmq.IPC_PATH_MAX_LEN:
+        log.info("vLLM's socket files stay in %s: a directory of their own there would make their paths too long", base)
+        return None
+    return tempfile.TemporaryDirectory(prefix="oe-vllm-", dir=base)
+
+
 @contextlib.contextmanager
 def _rpc_base_path(path: str) -> Iterator[None]:
     """Point vLLM's IPC socket files at ``path`` while an engine starts (its processes inherit it).
@@ -127,6 +142,7 @@ class VllmBackend(Backend):
         self._pooling: PoolingEngine | None = None
         self._dp_rank = 0
         self._sockets: tempfile.TemporaryDirectory[str] | None = None
+        """vLLM's socket files, removed at ``stop`` (None: vLLM's own base path, left as vLLM leaves it)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -141,12 +157,13 @@ class VllmBackend(Backend):
         args = AsyncEngineArgs(model=settings.model, **engine_kwargs(settings.engine_options))
         self._stats_enabled = not args.disable_log_stats
         ours = _stats_logger(self._stats)
-        self._sockets = tempfile.TemporaryDirectory(prefix="openengine-vllm-", dir=os.environ.get("VLLM_RPC_BASE_PATH"))
+        self._sockets = _socket_directory()
         try:
-            with _rpc_base_path(self._sockets.name):
+            with _rpc_base_path(self._sockets.name) if self._sockets is not None else contextlib.nullcontext():
                 self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[ours])
         except BaseException:
-            self._sockets.cleanup()
+            if self._sockets is not None:
+                self._sockets.cleanup()
             raise
         _keep_only_stat_logger(self._engine, ours)
         try:

@@ -88,8 +88,9 @@ class LifecycleService:
                 checks=[pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_STARTING, message="starting")],
             )
         checks = [pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_READY, message="serving")]
-        for engine in selected:
-            for check in await engine_checks(engine):
+        # Side by side: a Health answers within one check's timeout however many engines hang.
+        for engine, reported in zip(selected, await asyncio.gather(*map(engine_checks, selected)), strict=True):
+            for check in reported:
                 checks.append(
                     pb.HealthCheck(name=check.name, state=check.state, message=self._prefix(engine) + check.message)
                 )

@@ -77,7 +77,7 @@ class StopTextMatcher:
     the match, plus the stop string itself when ``include_stop`` is set. ``flush()`` returns
     the held-back text when the output ends for another reason.
 
-    Text fed with ``armed=False`` (tokens before ``min_tokens``) cannot end the output, but what
+    Text fed with ``armed=False`` (of the first ``min_tokens`` tokens) cannot end the output, but what
     could begin a stop string is held back as always: a stop string that this text begins and
     later, armed text completes still ends it, as in vLLM, where stop strings are checked from
     ``min_tokens`` on over the text generated before too.

@@ -374,6 +374,27 @@ async def test_a_check_that_raises_or_hangs_is_that_engine_not_ready(
     assert response.checks[2].message.startswith(message)
 
 
+async def test_engines_are_checked_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several hung engines cost one check's timeout, not one each."""
+    from openengine_gateway.core import lifecycle as module
+
+    monkeypatch.setattr(module, "CHECK_TIMEOUT_S", 0.5)
+
+    async def hang() -> list[pb.HealthCheck]:
+        await asyncio.sleep(10)
+        return []
+
+    hung = [FakeBackend() for _ in range(3)]
+    for backend in hung:
+        backend.check_health = hang  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await service(CoreParts(), *((b, n) for b, n in zip(hung, "abc", strict=True))).health(
+        pb.HealthRequest()
+    )
+    assert loop.time() - started < 1.2 and [c.state for c in response.checks[1:]] == [NOT_READY] * 3  # serial: 1.5 s
+
+
 async def test_health_role_check_belongs_to_the_probe() -> None:
     backend = FakeBackend(role=pb.ENGINE_ROLE_PREFILL)
     backend.on_generate = scripted(PrefillDone(KvSession("s1")))

@@ -91,7 +91,7 @@ async def unknown_request(target: Target) -> None:
 
 async def _abort_implemented(target: Target) -> bool | None:
     """Whether Abort works here, from an Abort of a finished request (None: no request to probe with)."""
-    if target.role != pb.ENGINE_ROLE_AGGREGATED:
+    if target.role != pb.ENGINE_ROLE_AGGREGATED or not target.model_info.HasField("generation"):
         return None
     request = target.prompt(max_tokens=1)
     (await target.run(request)).succeeded()

@@ -94,14 +94,15 @@ async def test_stop_token_with_and_without_its_text() -> None:
 
 
 async def test_a_stop_string_that_completes_past_min_tokens_ends_the_output() -> None:
-    """Even when it began before ``min_tokens`` (vLLM's rule); one that completed before does not."""
+    """Even when it began before ``min_tokens`` (vLLM's rule: only the text of a token past
+    ``min_tokens`` completes one); one that completed at the ``min_tokens``-th token or before does not."""
     long = Stopping(max_tokens=24, ignore_eos=True)
     async with engine() as backend:
         text = (await generate(backend, sampling=GREEDY, stopping=long)).text[0]
         stop = text[3:7]  # tokens 4-7 (one byte each): completes at the 7th token
-        straddling = Stopping(max_tokens=24, ignore_eos=True, min_tokens=5, stop_texts=(stop,))
+        straddling = Stopping(max_tokens=24, ignore_eos=True, min_tokens=6, stop_texts=(stop,))
         cut = await generate(backend, sampling=GREEDY, stopping=straddling)
-        late = Stopping(max_tokens=24, ignore_eos=True, min_tokens=8, stop_texts=(stop,))
+        late = Stopping(max_tokens=24, ignore_eos=True, min_tokens=7, stop_texts=(stop,))  # completes at the 7th
         ignored = await generate(backend, sampling=GREEDY, stopping=late)
     assert text.count(stop) == 1 and text.isascii()
     assert (cut.text[0], cut.finished[0].reason) == (text[:3], pb.FINISH_REASON_STOP)

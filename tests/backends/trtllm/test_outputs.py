@@ -117,14 +117,27 @@ def test_an_included_stop_string_stays_and_a_held_prefix_is_released_at_the_end(
     assert deltas(held.events(result(out, finished=True))) == [TokenDelta(0, [], "EN")]
 
 
-def test_stop_strings_count_from_min_tokens_on() -> None:
-    stream = RequestStream(request(stopping=Stopping(stop_texts=("a",), min_tokens=2)), end_id=EOS)
+def test_stop_strings_complete_only_past_min_tokens() -> None:
+    """As in vLLM: the text of the first ``min_tokens`` tokens completes no stop string."""
+    stream = RequestStream(request(stopping=Stopping(stop_texts=("a",), min_tokens=1)), end_id=EOS)
     out = CompletionOutput(0, "a", [5])
     assert deltas(stream.events(result(out))) == [TokenDelta(0, [TokenRecord(5)], "a")]
     out.token_ids, out.text = [5, 6], "aba"
     events = stream.events(result(out))
     assert events[-1] == OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.text("a"))
     assert deltas(events) == [TokenDelta(0, [TokenRecord(6)], "b")]
+
+
+def test_a_step_of_several_tokens_is_armed_from_the_min_tokens_boundary_on() -> None:
+    """TensorRT-LLM may stream several tokens a step (speculative decoding): only the text of those
+    past ``min_tokens`` may complete a stop string."""
+    pieces = {5: "x", 6: "a", 7: "y", 8: "a"}
+    guarded = RequestStream(
+        request(stopping=Stopping(stop_texts=("a",), min_tokens=3)), end_id=EOS, decode=pieces.__getitem__
+    )
+    events = guarded.events(result(CompletionOutput(0, "xaya", [5, 6, 7, 8])))
+    assert events[-1] == OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.text("a"))
+    assert deltas(events)[0].text == "xay", "the 'a' of token 2 is within min_tokens; token 4's ends the output"
 
 
 def test_one_output_stopping_on_a_string_leaves_the_others_running() -> None:

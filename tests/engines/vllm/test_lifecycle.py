@@ -134,7 +134,7 @@ def engine_requests(gateway: RunningGateway) -> int:
 async def test_the_engine_s_socket_files_are_in_a_directory_of_its_own(gateway: RunningGateway) -> None:
     """So that ``stop`` can remove them: vLLM itself leaves them in /tmp."""
     directory = engine_backend(gateway)._sockets.name  # type: ignore[attr-defined]
-    assert os.path.basename(directory).startswith("openengine-vllm-")
+    assert os.path.basename(directory).startswith("oe-vllm-")
     assert any(stat.S_ISSOCK(entry.stat().st_mode) for entry in os.scandir(directory))
 
 
