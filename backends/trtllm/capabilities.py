@@ -164,8 +164,10 @@ def model_info(features: EngineFeatures, model_id: str) -> pb.ModelInfo:
             supports_prefix_cache_bypass=False,
         )
     )
-    if features.max_batch_size:
-        info.generation.max_num_sequences = features.max_batch_size
+    # One output a request: TensorRT-LLM sets an output's finish_reason only once the whole request is
+    # final (result.py, under ``if self._done``), so an output that ends before the others would never
+    # be finished truthfully. Several outputs are several requests.
+    info.generation.max_num_sequences = 1
     for task in (info.tasks.embed, info.tasks.classify, info.tasks.score):
         task.supported = False
     return info

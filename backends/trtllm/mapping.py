@@ -87,9 +87,6 @@ def _sampling(request: GenerationRequest, features: EngineFeatures) -> dict[str,
     values = given.values()
     if given.seed is not None:
         values["seed"] = given.seed
-    if given.num_sequences != 1:
-        # Both as constructor arguments: SamplingParams validates n and best_of only there.
-        values["n"] = values["best_of"] = given.num_sequences
     if not features.has_tokenizer and features.eos_token_ids:
         values["end_id"] = features.eos_token_ids[0]
     return values
@@ -128,8 +125,6 @@ def _attention_dp_rank(request: GenerationRequest, features: EngineFeatures) -> 
     rank = request.data_parallel_rank
     if rank is None or not features.attention_dp:
         return None
-    if request.sampling.num_sequences > 1:
-        raise InvalidArgument("kv.data_parallel_rank cannot pin a request with several output sequences")
     return rank
 
 

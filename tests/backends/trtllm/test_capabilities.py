@@ -92,7 +92,7 @@ def test_model_info_tells_the_truth_and_passes_the_contracts_checks() -> None:
     generation = info.generation
     assert not generation.prompt_logprobs.supported and generation.prompt_logprobs.HasField("supported")
     assert list(generation.output_logprobs.candidate_selection_modes) == [pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N]
-    assert generation.output_logprobs.max_top_n == 20 and generation.max_num_sequences == 16
+    assert generation.output_logprobs.max_top_n == 20 and generation.max_num_sequences == 1
     assert pb.GUIDED_DECODING_MODE_STRUCTURAL_TAG not in generation.guided_decoding.modes
     assert pb.GUIDED_DECODING_MODE_CHOICE in generation.guided_decoding.modes
     assert generation.supports_stop_in_output and not generation.supports_prefix_cache_bypass

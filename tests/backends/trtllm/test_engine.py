@@ -108,15 +108,17 @@ async def test_stop_strings_are_matched_by_the_driver_and_the_engine_stops(fake:
     assert [handle.aborted() for handle in submitted[1:]] == [True, True]  # stopped once the string matched
 
 
-async def test_several_seeded_outputs_repeat_and_greedy_ones_are_refused() -> None:
-    sampling = pb.SamplingParams(num_sequences=3, temperature=1.0, seed=11)
+async def test_seeded_outputs_repeat_and_several_outputs_are_one_request_each() -> None:
+    """TensorRT-LLM finishes an output only with its whole request (result.py): one output a request."""
+    sampling = pb.SamplingParams(temperature=1.0, seed=11)
     async with serving(trtllm()) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
         first = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
         again = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
-        greedy_n = request(PROMPT, sampling=pb.SamplingParams(num_sequences=2), stopping=STOP(max_tokens=5))
-        code = await rejected(running, greedy_n)
-    assert sorted(finished(first)) == [0, 1, 2]
-    assert [token_ids(first, i) for i in range(3)] == [token_ids(again, i) for i in range(3)]
+        several = pb.SamplingParams(num_sequences=2, temperature=1.0)
+        code = await rejected(running, request(PROMPT, sampling=several, stopping=STOP(max_tokens=5)))
+    assert info.generation.max_num_sequences == 1
+    assert token_ids(first, 0) == token_ids(again, 0)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 

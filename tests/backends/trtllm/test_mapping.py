@@ -38,8 +38,8 @@ def request(**fields: Any) -> GenerationRequest:
     return GenerationRequest(request_id="r", model="m", prompt_token_ids=[5, 6, 7], **fields)
 
 
-def test_sampling_knobs_pass_through_and_n_goes_with_best_of() -> None:
-    sampling = Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.1, seed=3, repetition_penalty=1.1, num_sequences=3)
+def test_sampling_knobs_pass_through() -> None:
+    sampling = Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.1, seed=3, repetition_penalty=1.1)
     plan = plan_generation(request(sampling=sampling), FEATURES, prompt_len=3)
     assert plan.sampling == {
         "temperature": 0.7,
@@ -48,8 +48,6 @@ def test_sampling_knobs_pass_through_and_n_goes_with_best_of() -> None:
         "min_p": 0.1,
         "seed": 3,
         "repetition_penalty": 1.1,
-        "n": 3,
-        "best_of": 3,
         "max_tokens": 61,
         "ignore_eos": False,
         "include_stop_str_in_output": False,
@@ -133,9 +131,6 @@ def test_a_data_parallel_rank_pins_only_on_attention_dp() -> None:
     assert plan_generation(request(data_parallel_rank=0), FEATURES, prompt_len=3).attention_dp_rank is None
     adp = dataclasses.replace(FEATURES, attention_dp=True, tensor_parallel_size=4)
     assert plan_generation(request(data_parallel_rank=3), adp, prompt_len=3).attention_dp_rank == 3
-    with pytest.raises(InvalidArgument, match="several output sequences"):
-        sampling = Sampling(temperature=1.0, num_sequences=2)
-        plan_generation(request(data_parallel_rank=1, sampling=sampling), adp, prompt_len=3)
 
 
 def test_a_prefill_engine_runs_context_only_with_one_token() -> None:

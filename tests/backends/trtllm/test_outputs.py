@@ -16,7 +16,6 @@ from openengine_gateway.spi import (
     LogprobRequest,
     OutputFinished,
     PrefillDone,
-    Sampling,
     StopMatch,
     Stopping,
     TokenDelta,
@@ -138,20 +137,6 @@ def test_a_step_of_several_tokens_is_armed_from_the_min_tokens_boundary_on() -> 
     events = guarded.events(result(CompletionOutput(0, "xaya", [5, 6, 7, 8])))
     assert events[-1] == OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.text("a"))
     assert deltas(events)[0].text == "xay", "the 'a' of token 2 is within min_tokens; token 4's ends the output"
-
-
-def test_one_output_stopping_on_a_string_leaves_the_others_running() -> None:
-    two = Sampling(temperature=1.0, num_sequences=2)
-    stream = RequestStream(request(sampling=two, stopping=Stopping(stop_texts=("!",))), end_id=EOS)
-    first, second = CompletionOutput(0, "a!", [5, 6]), CompletionOutput(1, "b", [7])
-    events = stream.events(result(first, second))
-    assert OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.text("!")) in events
-    assert not stream.done and stream.unfinished() == [1]
-    first.token_ids, first.text = [5, 6, 8], "a!c"  # TensorRT-LLM keeps generating output 0
-    second.token_ids, second.text, second.finish_reason = [7, 9], "bd", "length"
-    events = stream.events(result(first, second, finished=True))
-    assert [e.index for e in events if isinstance(e, TokenDelta | OutputFinished)] == [1, 1]
-    assert stream.done
 
 
 def test_cancelled_and_timed_out_outputs_finish_cancelled_and_unknown_reasons_fail() -> None:
