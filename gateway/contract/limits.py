@@ -63,12 +63,22 @@ def check_generate(request: pb.GenerateRequest, limits: RequestLimits) -> None:
         _check_tokens(len(request.token_ids.ids), limits, "the prompt")
 
 
-def check_task_inputs(inputs: Iterable[pb.TaskInput], limits: RequestLimits) -> None:
-    """Raise RESOURCE_EXHAUSTED when a batch has too many inputs or one input is too long."""
+def check_task_inputs(inputs: Iterable[pb.TaskInput], limits: RequestLimits) -> int:
+    """Raise RESOURCE_EXHAUSTED when one input is too long; returns how many there are (``check_task_count``)."""
     count = 0
     for item in inputs:
         count += 1
         _check_input(item, limits, f"input {item.item_id!r}" if item.item_id else f"input {count - 1}")
+    return count
+
+
+def check_task_count(count: int, limits: RequestLimits) -> None:
+    """Raise RESOURCE_EXHAUSTED when a call has more inputs than the gateway admits.
+
+    Checked after what the model advertises: ``advertise_task_limits`` makes the cap the
+    advertised batch limit, whose excess is INVALID_ARGUMENT; this catches what no advertised
+    limit says (a Score's inputs in all).
+    """
     if limits.max_task_items is not None and count > limits.max_task_items:
         raise ResourceExhausted(f"{count} task inputs exceed this gateway's limit of {limits.max_task_items}")
 
@@ -111,4 +121,4 @@ def _check_tokens(length: int, limits: RequestLimits, where: str) -> None:
         )
 
 
-__all__ = ["RequestLimits", "check_generate", "check_task_inputs", "score_inputs"]
+__all__ = ["RequestLimits", "advertise_task_limits", "check_generate", "check_task_count", "check_task_inputs", "score_inputs"]

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from .. import pb
 from ..contract import tasks as rules
-from ..contract.limits import RequestLimits, check_task_inputs, score_inputs
+from ..contract.limits import RequestLimits, check_task_count, check_task_inputs, score_inputs
 from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation
@@ -57,14 +57,16 @@ class TaskService:
     def _route(
         self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput], parse: Callable[[pb.ModelInfo], C]
     ) -> tuple[Engine, C]:
-        """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), what the
-        model advertises (INVALID_ARGUMENT past an advertised limit, which ``--max-task-items``
-        narrows), then the operator's caps (RESOURCE_EXHAUSTED), then the engine's readiness."""
+        """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), the
+        operator's caps on each input (RESOURCE_EXHAUSTED, before parsing looks at what they hold),
+        what the model advertises (INVALID_ARGUMENT past an advertised limit, which
+        ``--max-task-items`` narrows), the operator's cap on the count, then the engine's readiness."""
         rules.require_context(context)
         self._state.check_accepting()
         engine = self._engines.resolve(context.model, required=True)
+        count = check_task_inputs(inputs, self._limits)
         call = parse(engine.model_info)
-        check_task_inputs(inputs, self._limits)
+        check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
         return engine, call
 
