@@ -121,4 +121,11 @@ def _check_tokens(length: int, limits: RequestLimits, where: str) -> None:
         )
 
 
-__all__ = ["RequestLimits", "advertise_task_limits", "check_generate", "check_task_count", "check_task_inputs", "score_inputs"]
+__all__ = [
+    "RequestLimits",
+    "advertise_task_limits",
+    "check_generate",
+    "check_task_count",
+    "check_task_inputs",
+    "score_inputs",
+]
