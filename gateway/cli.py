@@ -211,7 +211,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     server_options = _server_options(section)
     drain_timeout = section.drain_timeout_s
     try:
-        engines = await start_engines(sections, config)
+        engines = await start_engines(sections, config, command_line=args.backend is not None)
     except EngineStartError as exc:
         if not stop.is_set():
             raise

@@ -25,15 +25,16 @@ class _Planned:
     served_name: str
 
 
-def plan_engines(sections: Sequence[EngineSection], config: Config) -> list[_Planned]:
-    """Load drivers and validate options and names before anything starts."""
+def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> list[_Planned]:
+    """Load drivers and validate options and names before anything starts; errors name the engine
+    (``engines[i]`` of the file, or ``--backend NAME`` for the command line's one)."""
     if not sections:
         raise ConfigurationError("no engine to serve: pass --backend, or add [[engines]] to plugins.toml")
     _check_backend_tables(config)
     planned: list[_Planned] = []
     names: dict[str, str] = {}  # name -> the engine serving it
     for position, section in enumerate(sections):
-        label = f"engines[{position}] ({section.backend})"
+        label = f"--backend {section.backend}" if command_line else f"engines[{position}] ({section.backend})"
         try:
             driver = load_backend(section.backend, config.plugins.allow)
         except PluginError as exc:
@@ -62,12 +63,12 @@ def _check_backend_tables(config: Config) -> None:
             raise ConfigurationError(f"[backends.{name}]: no installed backend is called {name!r} (installed: {known})")
 
 
-async def start_engines(sections: Sequence[EngineSection], config: Config) -> EngineSet:
+async def start_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> EngineSet:
     """Start every configured engine; on any failure stop the ones already started."""
     started: list[Engine] = []
     running: list[_Planned] = []  # started backends, including one whose facts are then refused
     try:
-        for plan in plan_engines(sections, config):
+        for plan in plan_engines(sections, config, command_line=command_line):
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
             try:
                 facts = await plan.backend.start()

@@ -195,10 +195,10 @@ def test_a_signal_during_startup_stops_the_gateway_once_started(monkeypatch: pyt
 
     real_start = launch.start_engines
 
-    async def slow_start(*arguments: Any) -> Any:
+    async def slow_start(*arguments: Any, **options: Any) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the engines start
         await asyncio.sleep(0.1)
-        return await real_start(*arguments)
+        return await real_start(*arguments, **options)
 
     monkeypatch.setattr(cli, "start_engines", slow_start)
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # unhandled, it would end pytest itself
@@ -218,7 +218,7 @@ def test_an_engine_that_fails_to_start_is_one_error_line(
 ) -> None:
     from openengine_gateway.launch import EngineStartError
 
-    async def failing_start(*arguments: Any) -> Any:
+    async def failing_start(*arguments: Any, **options: Any) -> Any:
         raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: no device")
 
     monkeypatch.setattr(cli, "start_engines", failing_start)
@@ -238,7 +238,7 @@ def test_a_signal_that_also_stops_the_starting_engine_stops_the_gateway_quietly(
 
     from openengine_gateway.launch import EngineStartError
 
-    async def interrupted_start(*arguments: Any) -> Any:
+    async def interrupted_start(*arguments: Any, **options: Any) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.sleep(0.1)  # the handler runs
         raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: cancelled")

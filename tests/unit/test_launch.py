@@ -79,6 +79,12 @@ def test_invalid_options_name_the_engine_and_key(loaded: object) -> None:
     assert "\n  bogus: " in raised.value.args[0]
 
 
+def test_the_command_line_s_engine_is_named_as_given(loaded: object) -> None:
+    with pytest.raises(ConfigError) as raised:
+        launch.plan_engines([EngineSection(backend="fake", options={"bogus": 1})], Config(), command_line=True)
+    assert raised.value.args[0].startswith("--backend fake options: invalid configuration\n  bogus: ")
+
+
 def test_an_option_from_backend_defaults_is_named_where_it_was_set(loaded: object) -> None:
     config = Config(backends={"fake": {"sede": 1, "seed": 2}})
     with pytest.raises(ConfigError) as raised:
@@ -179,7 +185,7 @@ async def test_a_failed_start_stops_the_engines_already_started(
         for name, model in [("a", "m1"), ("b", "m2"), ("c", "m3")]
     ]
     plans = launch.plan_engines(sections, Config())
-    monkeypatch.setattr(launch, "plan_engines", lambda *_: plans)  # keep hold of the backends
+    monkeypatch.setattr(launch, "plan_engines", lambda *_, **__: plans)  # keep hold of the backends
     with pytest.raises(
         launch.EngineStartError, match=r"engine 'c' \(fake\) failed to start: RuntimeError: cannot start m3"
     ):
@@ -209,7 +215,7 @@ async def test_an_engine_whose_table_is_refused_is_stopped_too(loaded: object, m
     ]
     plans = launch.plan_engines(sections, Config())
     plans[1].backend.facts.model.max_context_length = 0  # type: ignore[attr-defined]
-    monkeypatch.setattr(launch, "plan_engines", lambda *_: plans)
+    monkeypatch.setattr(launch, "plan_engines", lambda *_, **__: plans)
     with pytest.raises(CapabilityError, match="max_context_length"):
         await launch.start_engines(sections, Config())
     assert [plan.backend.stopped for plan in plans] == [True, True]  # type: ignore[attr-defined]
