@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..kit import Target, rule
+import grpc
+
+from ..kit import CheckFailed, Target, rule
 
 SECTION = "Standard errors"
 
@@ -11,7 +13,7 @@ SECTION = "Standard errors"
     "errors.rejection-has-no-event",
     SECTION,
     "Errors have exactly one transport based on when and where they occur: before request acceptance, a non-OK "
-    "gRPC status and no response event.",
+    "gRPC status and no response event (for a caller's error, never INTERNAL or UNKNOWN).",
 )
 async def rejection_has_no_event(target: Target) -> None:
     no_input = target.prompt(max_tokens=1)
@@ -25,7 +27,9 @@ async def rejection_has_no_event(target: Target) -> None:
         ("a request for an unknown model", unknown),
         ("num_sequences = 0", no_outputs),
     ):
-        await target.expect_rejected(request, what=what)
+        error = await target.expect_rejected(request, what=what)
+        if error.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            raise CheckFailed(f"{what}: rejected as {error.code.name}, a server failure, not the caller's error")
 
 
 __all__: list[str] = []

@@ -54,6 +54,11 @@ async def _score(target: Target, caps: pb.ScoreCapabilities, **options: Any) -> 
             if not candidate.HasField("candidate_index") or candidate.candidate_index != c:
                 raise CheckFailed(f"{where}.candidate_index is {_shown(candidate, 'candidate_index')}, expected {c}")
             shape = check_dense(candidate.scores, where)
+            limit = caps.max_output_values_per_candidate if caps.HasField("max_output_values_per_candidate") else None
+            if limit is not None and len(candidate.scores.values) > limit:
+                raise CheckFailed(
+                    f"{where}: {len(candidate.scores.values)} values exceed max_output_values_per_candidate {limit}"
+                )
             token_rows = response.granularity == pb.TASK_OUTPUT_GRANULARITY_TOKEN and candidate.token_ids
             if token_rows and len(candidate.token_ids) != shape[0]:
                 raise CheckFailed(f"{where}: {len(candidate.token_ids)} token_ids for {shape[0]} token rows")
