@@ -63,6 +63,11 @@ def _check_backend_tables(config: Config) -> None:
             raise ConfigurationError(f"[backends.{name}]: no installed backend is called {name!r} (installed: {known})")
 
 
+def _start_error(plan: _Planned, exc: BaseException) -> EngineStartError:
+    name = f"{plan.served_name!r} ({plan.section.backend})"
+    return EngineStartError(f"engine {name} failed to start: {type(exc).__name__}: {exc}")
+
+
 async def start_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> EngineSet:
     """Start every configured engine; on any failure stop the ones already started."""
     started: list[Engine] = []
@@ -72,11 +77,12 @@ async def start_engines(sections: Sequence[EngineSection], config: Config, *, co
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
             try:
                 facts = await plan.backend.start()
+            except ConnectionError as exc:  # an engine that is not answering, not a typo
+                raise _start_error(plan, exc) from exc
             except (ConfigError, ConfigurationError, OSError):
                 raise  # the user's to fix, reported as a usage error
             except Exception as exc:
-                name = f"{plan.served_name!r} ({plan.section.backend})"
-                raise EngineStartError(f"engine {name} failed to start: {type(exc).__name__}: {exc}") from exc
+                raise _start_error(plan, exc) from exc
             running.append(plan)
             started.append(Engine(plan.served_name, tuple(plan.section.aliases), plan.backend, facts))
         return EngineSet(started)

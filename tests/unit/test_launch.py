@@ -207,6 +207,17 @@ async def test_a_configuration_error_from_start_stays_one(
         await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
 
 
+async def test_an_engine_it_cannot_reach_failed_to_start(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost connection is an OSError, but an engine that is not answering is not the user's typo (exit 1)."""
+
+    async def unreachable(self: Driver) -> EngineFacts:
+        raise ConnectionError("the remote OpenEngine server h:1 is not answering")
+
+    monkeypatch.setattr(Driver, "start", unreachable)
+    with pytest.raises(launch.EngineStartError, match=r"failed to start: ConnectionError: the remote .* not answering"):
+        await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
+
+
 async def test_an_engine_whose_table_is_refused_is_stopped_too(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """A driver that started but advertises a table breaking the contract is not left running."""
     sections = [
