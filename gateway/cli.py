@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--backend", help="backend to serve (an entry point in openengine.backends)")
     parser.add_argument("--model", help="model path or id for the backend to load")
-    parser.add_argument("--served-model-name", help="the name clients use (default: --model)")
+    parser.add_argument(
+        "--served-model-name", help="the name clients use (default: the model, else the backend's name)"
+    )
     parser.add_argument("--alias", action="append", default=[], help="another name for the model (repeatable)")
     parser.add_argument("--config", type=Path, help=f"configuration file (default: ./{DEFAULT_CONFIG} if present)")
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
@@ -101,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     security.add_argument(
         "--lora-root", action="append", help="directory LoRA adapters must resolve into (repeatable; default any)"
     )
-    limits = parser.add_argument_group("limits (past them: RESOURCE_EXHAUSTED)")
+    limits = parser.add_argument_group(
+        "limits (past them: RESOURCE_EXHAUSTED; a task batch over its advertised size: INVALID_ARGUMENT)"
+    )
     for flag, what in (
         ("--max-in-flight", "concurrent requests (default 4096)"),
         ("--max-subscriptions", "concurrent KV and runtime event subscriptions (default 1024)"),

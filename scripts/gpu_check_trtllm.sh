@@ -4,7 +4,7 @@
 #   bash scripts/gpu_check_trtllm.sh            # from the repository root
 #
 # Creates .venv-trtllm (kept between runs) with a Python TensorRT-LLM publishes wheels for
-# (3.12 by default; PYTHON=python3.10 works too), installs the project with the `trtllm` extra
+# (3.12: TensorRT-LLM's wheels are for 3.10 and 3.12, the gateway needs 3.11+), installs the project with the `trtllm` extra
 # (tensorrt-llm==1.2.1, from NVIDIA's package index) and the test tools, then runs every test
 # marked `trtllm`: the tiny Llama the vLLM tests build offline, served through the gateway;
 # streamed deltas against TensorRT-LLM's own results, stops, seeds, guidance (xgrammar), cache
