@@ -252,12 +252,17 @@ class LifecycleService:
                 now = loop.time()
                 if deadline is not None and now >= deadline and not aborted:
                     if not request.abort_after_deadline:
+                        details = {"in_flight_requests": in_flight}
+                        open_text = f"{in_flight} requests"
+                        if sessions is not None:  # absent where unknown, as in the progress counts
+                            details["open_kv_sessions"] = sessions
+                            open_text += f" and {sessions} KV sessions"
                         failure = EngineFailure(
                             pb.ERROR_CODE_DRAINING,
-                            f"drain deadline passed with {in_flight} requests and {sessions or 0} KV sessions open",
+                            f"drain deadline passed with {open_text} open",
                             retryable=True,
                             retry_after_ms=0,
-                            details={"in_flight_requests": in_flight, "open_kv_sessions": sessions or 0},
+                            details=details,
                         )
                         yield pb.DrainResponse(error=failure.to_proto())
                         return

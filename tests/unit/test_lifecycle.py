@@ -233,6 +233,8 @@ async def test_drain_deadline_without_abort_ends_with_one_error() -> None:
     error = responses[-1].error
     assert error.retryable and error.HasField("retry_after_ms")
     assert error.details["in_flight_requests"] == 1
+    assert "open_kv_sessions" not in error.details  # no engine reports sessions: unknown, as in DrainResponse
+    assert error.message == "drain deadline passed with 1 requests open"
     assert len(parts.registry) == 1  # nothing was aborted
 
 
