@@ -92,7 +92,14 @@ def plan_generation(request: GenerationRequest, limits: EngineLimits, *, prompt_
     transfer = kv_transfer_params(request, limits)
     if transfer is not None:
         sampling["extra_args"] = {"kv_transfer_params": transfer}
-    structured = guided_kwargs(request.guidance, limits.guided_backend) if request.guidance else None
+    structured = None
+    if request.guidance is not None:
+        if request.stopping.ignore_eos:
+            raise InvalidArgument(
+                "vLLM stops enforcing a guide once its grammar is complete, so with ignore_eos the output "
+                "would run on past the guide unconstrained: drop ignore_eos or the guide"
+            )
+        structured = guided_kwargs(request.guidance, limits.guided_backend)
     priority = 0
     if request.priority is not None:
         if not limits.priority_scheduling:

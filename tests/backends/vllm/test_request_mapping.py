@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from openengine_backends.vllm import mapping
 from openengine_backends.vllm.mapping import EngineLimits, plan_generation, prompt_input
@@ -163,6 +165,15 @@ def test_a_request_backend_other_than_the_engines_is_rejected() -> None:
     assert mapping.guided_kwargs(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="a", backend="xgrammar"), "xgrammar")
     with pytest.raises(InvalidArgument, match="without a structured-outputs backend"):
         mapping.guided_kwargs(guide, None)
+
+
+def test_a_guide_with_ignore_eos_is_refused() -> None:
+    """vLLM stops masking once a grammar is complete, so the output would run on past the guide unconstrained."""
+    limits = EngineLimits(max_model_len=64, vocab_size=512, max_logprobs=20, guided_backend="xgrammar")
+    guided = request(guidance=Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=("yes", "no")))
+    assert plan_generation(guided, limits, prompt_len=4).structured_outputs == {"choice": ["yes", "no"]}
+    with pytest.raises(InvalidArgument, match="ignore_eos"):
+        plan_generation(replace(guided, stopping=Stopping(ignore_eos=True)), limits, prompt_len=4)
 
 
 def test_priority_direction_is_reversed_for_vllm() -> None:
