@@ -111,6 +111,8 @@ class RequestStream:
 
     def _completion(self, completion: Any, output: Any, events: list[GenerationEvent]) -> None:
         index: int = completion.index
+        if completion.finish_reason == "error":
+            raise self._error(index)  # a token it carries is one vLLM's grammar rejected: not emitted or counted
         token_ids: Sequence[int] = completion.token_ids
         if token_ids:
             self._counts[index] += len(token_ids)
@@ -163,8 +165,11 @@ class RequestStream:
         vLLM gives no reason with it. A decode's is its KV transfer (vLLM fails a request whose KV
         load failed before its first token, guided or not). Otherwise a guided output failing
         before its first token is the grammar that vLLM accepted but could not compile (the
-        scheduler fails such a request while it waits for its grammar): the caller's error, and
-        retrying it fails again. Anything else is an engine-side failure worth a retry.
+        scheduler fails such a request while it waits for its grammar), and one failing later
+        under ``min_tokens`` is a guide that allowed only tokens the ban excluded (the sampler
+        then picks a token outside the grammar, which the scheduler rejects): the caller's
+        error both times, and retrying fails again. Anything else is an engine-side failure
+        worth a retry.
         """
         if self._request.kv_session is not None:
             return EngineFailure(
@@ -173,8 +178,17 @@ class RequestStream:
                 retryable=True,
                 retry_after_ms=0,
             )
-        if self._request.guidance is not None and self._counts[index] == 0:
-            return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, "vLLM could not compile the guided-decoding grammar")
+        if self._request.guidance is not None:
+            if self._counts[index] == 0:
+                return EngineFailure(
+                    pb.ERROR_CODE_INVALID_ARGUMENT, "vLLM could not compile the guided-decoding grammar"
+                )
+            if self._counts[index] < self._request.stopping.min_tokens:
+                return EngineFailure(
+                    pb.ERROR_CODE_INVALID_ARGUMENT,
+                    f"output {index}: the guide allowed only tokens that min_tokens still banned (stop tokens or "
+                    "EOS), and vLLM failed the output",
+                )
         return EngineFailure(
             pb.ERROR_CODE_INTERNAL, "vLLM reported a retryable request error", retryable=True, retry_after_ms=0
         )

@@ -180,6 +180,22 @@ def test_a_guided_output_failing_before_its_first_token_is_its_grammar() -> None
     assert failure.value.code == pb.ERROR_CODE_INTERNAL and failure.value.retryable
 
 
+def test_a_guided_token_the_grammar_rejected_under_min_tokens_is_the_request_s_conflict() -> None:
+    """Where the guide allows only tokens ``min_tokens`` still bans (a stop token), vLLM samples a token
+    outside the grammar and fails the request: retrying it fails again. The rejected token is not counted."""
+    guided = request(
+        guidance=Guidance(pb.GUIDED_DECODING_MODE_CHOICE, choices=("no",)),
+        stopping=Stopping(max_tokens=10, min_tokens=5, stop_token_ids=(81,)),
+    )
+    stream = RequestStream(guided, eos_token_ids=(EOS,))
+    stream.events(output(CompletionOutput(0, "n", [80])))
+    with pytest.raises(EngineFailure) as failure:
+        stream.events(output(CompletionOutput(0, "", [0], finish_reason="error"), finished=True))
+    assert failure.value.code == pb.ERROR_CODE_INVALID_ARGUMENT and not failure.value.retryable
+    assert "min_tokens" in failure.value.message
+    assert stream.usage(output()).completion_tokens == 1
+
+
 def test_a_guided_decode_failing_before_its_first_token_is_its_kv_transfer() -> None:
     """vLLM fails a decode whose KV load failed before any token (``Scheduler``): not the grammar."""
     guided = request(guidance=Guidance(pb.GUIDED_DECODING_MODE_REGEX, "a+"), kv_session=KvSession("s"))

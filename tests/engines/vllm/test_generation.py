@@ -259,16 +259,37 @@ async def test_a_grammar_vllm_accepts_but_cannot_compile_is_a_final_invalid_argu
 ) -> None:
     """xgrammar rejects this grammar, vLLM's fallback parser accepts it, and the engine's grammar
     backend (xgrammar, fixed by its first guided request) fails it in the scheduler."""
-    regex = generate_request("xgrammar-first", prompt=PROMPT, stopping=no_eos(2), guided=pb.GuidedDecoding(regex="ab"))
+    budget = pb.StoppingOptions(max_tokens=4)  # not no_eos: a guide with ignore_eos is refused up front
+    regex = generate_request("xgrammar-first", prompt=PROMPT, stopping=budget, guided=pb.GuidedDecoding(regex="ab"))
     await collect(stub, regex)
     request = generate_request(
-        "uncompilable", prompt=PROMPT, stopping=no_eos(4), guided=pb.GuidedDecoding(ebnf_grammar="root ::= ")
+        "uncompilable", prompt=PROMPT, stopping=budget, guided=pb.GuidedDecoding(ebnf_grammar="root ::= ")
     )
     responses = await collect(stub, request)
     assert [r.WhichOneof("event") for r in responses] == ["error"]
     error = responses[-1].error
     assert error.code == pb.ERROR_CODE_INVALID_ARGUMENT and not error.retryable, error
     assert responses[-1].usage.prompt_tokens == len(reference.encode(PROMPT))  # the prompt still counts
+
+
+async def test_a_guide_allowing_only_a_token_min_tokens_bans_is_a_final_invalid_argument(
+    stub: pb.OpenEngineStub, reference: Reference
+) -> None:
+    """After "n" the choice allows only "o", a stop token ``min_tokens`` still bans: vLLM samples outside
+    the grammar and fails the output. The caller's conflict, not worth a retry; only "n" was generated."""
+    o = reference.tokenizer.convert_tokens_to_ids("o")
+    request = generate_request(
+        "guide-vs-min-tokens",
+        prompt=PROMPT,
+        sampling=GREEDY,
+        stopping=pb.StoppingOptions(max_tokens=10, min_tokens=5, conditions=[pb.StopCondition(stop_token_id=o)]),
+        guided=pb.GuidedDecoding(choice=pb.ChoiceConstraint(choices=["no"])),
+    )
+    responses = await collect(stub, request)
+    assert text(responses) == "n"
+    error = responses[-1].error
+    assert error.code == pb.ERROR_CODE_INVALID_ARGUMENT and not error.retryable, error
+    assert responses[-1].usage.completion_tokens == 1
 
 
 async def test_priority_and_cache_options_run(stub: pb.OpenEngineStub) -> None:
