@@ -34,17 +34,22 @@ class ActiveRequest:
     aborted: bool = False
     abort_reason: str = ""
     failure: EngineFailure | None = None
+    ended: bool = False
+    """Its final response exists, or its stream is over: nothing is left to abort or fail, though
+    the id stays in flight until the driver has let go of it."""
+    engine_abort: asyncio.Task[None] | None = None
+    """The driver's abort of it, once started (``core.aborts``)."""
 
     def abort(self, reason: str) -> None:
-        """Mark aborted and stop it; idempotent."""
-        if not self.aborted:
+        """Mark aborted and stop it; idempotent, and moot once ended."""
+        if not self.aborted and not self.ended:
             self.aborted = True
             self.abort_reason = reason
             self.stop(reason)
 
     def fail(self, failure: EngineFailure) -> None:
-        """End it with ``failure`` (its engine went down); idempotent, and moot once aborted."""
-        if self.failure is None and not self.aborted:
+        """End it with ``failure`` (its engine went down); idempotent, and moot once aborted or ended."""
+        if self.failure is None and not self.aborted and not self.ended:
             self.failure = failure
             self.on_failure(failure)
 
@@ -77,27 +82,32 @@ class RequestRegistry:
 
     def admit(self, request: ActiveRequest) -> None:
         """Register an accepted request, or reject a duplicate id / a full gateway."""
-        if request.request_id in self._active:
+        held = self._active.get(request.request_id)
+        if held is not None:
+            if held.ended:
+                raise AlreadyExists(f"request {request.request_id!r} ended, but its engine is still aborting it")
             raise AlreadyExists(f"request {request.request_id!r} is already in flight")
         if self._max_in_flight is not None and len(self._active) >= self._max_in_flight:
             raise ResourceExhausted(
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
             )
         self._active[request.request_id] = request
-        self._finished.pop(_kept(request.request_id), None)
         self._notify()
 
     def release(self, request: ActiveRequest, *, finished: bool = True) -> None:
         """The request ended (any way); remember its id as finished.
 
-        ``finished=False`` withdraws a request rejected before acceptance: its id is forgotten,
-        so ``Abort`` answers NOT_FOUND rather than ALREADY_FINISHED.
+        ``finished=False`` withdraws a request rejected before acceptance: it leaves no finish
+        behind (``Abort`` answers NOT_FOUND, or ALREADY_FINISHED for an earlier request that used
+        the id and finished).
         """
         if self._active.get(request.request_id) is not request:
             return
         del self._active[request.request_id]
         if finished:
-            self._finished[_kept(request.request_id)] = None
+            kept = _kept(request.request_id)
+            self._finished[kept] = None
+            self._finished.move_to_end(kept)
             if len(self._finished) > self._finished_window:
                 self._finished.popitem(last=False)
         self._notify()
@@ -107,8 +117,8 @@ class RequestRegistry:
         return self._active.get(request_id)
 
     def recently_finished(self, request_id: str) -> bool:
-        """True when the id finished and is still inside the remembered window."""
-        return _kept(request_id) in self._finished
+        """True when the id finished, is still inside the remembered window, and is not in flight again."""
+        return request_id not in self._active and _kept(request_id) in self._finished
 
     def in_flight(self) -> list[ActiveRequest]:
         """A snapshot of every in-flight request."""

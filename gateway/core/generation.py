@@ -28,6 +28,7 @@ from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure, i
 from ..logs import bind_request_id
 from ..spi.events import EventStream, GenerationEvent, TokenDelta
 from ..spi.requests import GenerationRequest
+from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
 from .state import GatewayState
 from .telemetry import StreamClock, Telemetry, outcome
@@ -100,7 +101,7 @@ class GenerationService:
                 events = source
             else:
                 events, pump = pump_events(source)
-            active.stop = lambda _reason: self._stop(engine, parsed.request_id, events)
+            active.stop = lambda _reason: self._stop(engine, active, events)
             active.on_failure = events.fail
             if engine.role == pb.ENGINE_ROLE_PREFILL:
                 events.on_abandoned = lambda session: self._release(engine, session.session_id)
@@ -121,6 +122,7 @@ class GenerationService:
             async for message in _encode(events, encoder, active, clock):
                 failed = message.HasField("error")
                 final = message
+                active.ended = encoder.done  # from its final message on, an Abort finds it finished
                 yield message
             written = True  # grpc asks for the next message once the last one is written
             # Only a successful stream leaves nothing running: after an error (the driver's, or a
@@ -130,7 +132,12 @@ class GenerationService:
             rejected = True  # refused before its first message: never accepted, so never finished
             raise
         finally:
-            self._registry.release(active, finished=not rejected)
+            active.ended = True
+            if finished or rejected:  # nothing runs in the driver: the id is free now
+                self._registry.release(active, finished=not rejected)
+            else:  # nobody reads the stream any more: what the driver still puts is dropped
+                events.cancel()
+                abort_then_release(self._background, self._registry, engine, active)
             if final is not None and final.HasField("prefill_ready"):
                 session_id = final.prefill_ready.kv_session.session_id
                 if written:
@@ -139,9 +146,6 @@ class GenerationService:
                     self._release(engine, session_id)
             if pump is not None:
                 pump.cancel()
-            if not finished:
-                events.cancel()  # nobody reads it any more: what the driver still puts is dropped
-                self._background.spawn(engine.backend.abort(parsed.request_id), f"abort {parsed.request_id}")
             if telemetry is not None and not rejected:
                 _account(telemetry, final, finished=finished, failed=failed, aborted=active.aborted)
 
@@ -149,7 +153,7 @@ class GenerationService:
         """Free a prefill's KV session that no client received (the stream ended before its handoff)."""
         self._background.spawn(engine.backend.abort_kv_session(session_id), f"release {session_id}")
 
-    def _stop(self, engine: Engine, request_id: str, events: EventStream) -> None:
+    def _stop(self, engine: Engine, active: ActiveRequest, events: EventStream) -> None:
         """Abort path: end the stream now (open outputs finish CANCELLED) and tell the driver.
 
         An engine that reports its own cancellation (a proxy) ends the stream with its terminal
@@ -159,7 +163,7 @@ class GenerationService:
             asyncio.get_running_loop().call_later(REPORTED_ABORT_GRACE_S, _cancel_if_open, events)
         else:
             events.cancel()
-        self._background.spawn(engine.backend.abort(request_id), f"abort {request_id}")
+        abort_in_engine(self._background, engine, active)  # now, even while a slow client holds the stream
 
 
 def _cancel_if_open(events: EventStream) -> None:

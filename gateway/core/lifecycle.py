@@ -185,13 +185,13 @@ class LifecycleService:
         if not request_id:
             raise InvalidArgument("abort request_id must be non-empty")
         active = self._registry.get(request_id)
-        if active is not None:
+        if active is not None and not active.ended:
             engine = self._engines.resolve(active.model)
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")
             return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {request_id!r} aborted")
-        if self._registry.recently_finished(request_id):
+        if active is not None or self._registry.recently_finished(request_id):
             return pb.AbortResponse(
                 status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {request_id!r} already finished"
             )
@@ -221,7 +221,7 @@ class LifecycleService:
         )
 
     def _abort_all(self, reason: str) -> int:
-        in_flight = self._registry.in_flight()
+        in_flight = [active for active in self._registry.in_flight() if not active.ended]
         for active in in_flight:
             active.abort(reason)
         return len(in_flight)

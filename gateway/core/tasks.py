@@ -23,6 +23,7 @@ from ..engines import Engine, EngineSet
 from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error
 from ..logs import bind_request_id
 from ..spi.requests import TaskContext
+from .aborts import abort_then_release
 from .background import BackgroundTasks
 from .state import GatewayState
 from .telemetry import Telemetry, outcome
@@ -126,10 +127,12 @@ class TaskService:
                 log.error("task %s failed", context.request_id, exc_info=exc)
             raise error from None
         finally:
-            self._registry.release(active, finished=not rejected)
-            if not finished:
+            active.ended = True
+            if finished or rejected:  # nothing runs in the driver: the id is free now
+                self._registry.release(active, finished=not rejected)
+            else:
                 task.cancel()
-                self._background.spawn(engine.backend.abort(context.request_id), f"abort {context.request_id}")
+                abort_then_release(self._background, self._registry, engine, active)
             if self._telemetry is not None and not rejected:
                 self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
 

@@ -161,7 +161,8 @@ async def test_a_stream_that_rejects_before_its_first_event_is_a_status() -> Non
         await anext(service(parts, backend).generate(request()))
     assert raised.value.retry_after_ms == 7
     assert len(parts.registry) == 0 and not parts.registry.recently_finished("r1")  # never accepted
-    await asyncio.wait_for(backend.abort_called.wait(), 1)  # and nothing is left running
+    await parts.background.wait(1)
+    assert backend.aborted == []  # the driver refused it: nothing of it runs there
 
 
 async def test_request_ranks_of_several_engines_are_endpoint_ranks() -> None:
@@ -251,8 +252,8 @@ async def test_abort_finishes_open_outputs_as_cancelled() -> None:
         (0, pb.FINISH_REASON_CANCELLED, "aborted by Abort")
     ]
     assert rest[-1].HasField("usage")
-    await asyncio.wait_for(backend.abort_called.wait(), 1)
-    assert "r1" in backend.aborted and len(parts.registry) == 0
+    await parts.background.wait(1)
+    assert backend.aborted == ["r1"] and len(parts.registry) == 0  # once, though Abort and the stream's end both ask
 
 
 async def test_an_engine_that_reports_cancellation_ends_the_stream_itself(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,3 +413,59 @@ async def test_cancelled_pump_cancels_the_stream() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert stream.cancelled and await ready(stream) == []
+
+
+async def test_an_id_stays_in_flight_until_the_driver_has_aborted_it() -> None:
+    """Drivers find requests by id: a new request reusing the id before the old one's abort ran would be
+    the one aborted, while the old one kept running."""
+    parts, backend = CoreParts(), FakeBackend()
+    generation = service(parts, backend)
+    release = asyncio.Event()
+    real_abort = backend.abort
+
+    async def slow_abort(request_id: str) -> None:
+        await release.wait()
+        await real_abort(request_id)
+
+    backend.abort = slow_abort  # type: ignore[method-assign]
+    stream = generation.generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(delta(0, 1))
+    await asyncio.wait_for(waiter, 1)
+    await stream.aclose()  # the client went away; the driver's abort has not run yet
+    with pytest.raises(AlreadyExists):
+        await anext(generation.generate(request()))
+    assert len(parts.registry) == 1
+    release.set()
+    await asyncio.wait_for(backend.abort_called.wait(), 1)
+    await asyncio.sleep(0)
+    assert len(parts.registry) == 0 and parts.registry.recently_finished("r1")
+    reused = generation.generate(request())
+    waiter = asyncio.ensure_future(anext(reused))
+    await asyncio.sleep(0)
+    backend.streams["r1"].put(delta(0, 2))
+    assert (await asyncio.wait_for(waiter, 1)).HasField("token")
+    await reused.aclose()
+
+
+async def test_an_abort_after_the_final_message_finds_the_request_finished() -> None:
+    """grpc resumes the handler only once the final message is written: meanwhile it is over."""
+    parts, backend = CoreParts(), FakeBackend()
+    stream = service(parts, backend).generate(request())
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    feed = backend.streams["r1"]
+    feed.put(delta(0, 1))
+    feed.put(UsageReport(2, 1))
+    feed.put(OutputFinished(0, LENGTH))
+    await asyncio.wait_for(waiter, 1)
+    final = await anext(stream)  # the handler is suspended at its final message
+    assert final.HasField("finished")
+    active = parts.registry.get("r1")
+    assert active is not None and active.ended
+    active.abort("aborted by Abort")
+    assert not active.aborted
+    await collect(stream)
+    await parts.background.wait(1)
+    assert backend.aborted == [] and parts.registry.recently_finished("r1")

@@ -164,3 +164,24 @@ async def test_withdrawn_request_is_forgotten() -> None:
     registry.release(request, finished=False)
     await asyncio.wait_for(waiter, 1)  # drains still see the change
     assert registry.get("a") is None and not registry.recently_finished("a")
+
+
+def test_a_rejected_reuse_of_a_finished_id_keeps_it_finished() -> None:
+    """Withdrawing a request refused before acceptance must not forget the earlier one's finish."""
+    registry = RequestRegistry()
+    first = ActiveRequest("x", "generate", "m")
+    registry.admit(first)
+    registry.release(first)
+    again = ActiveRequest("x", "generate", "m")
+    registry.admit(again)
+    registry.release(again, finished=False)
+    assert registry.recently_finished("x")
+
+
+def test_an_id_whose_abort_is_pending_is_refused_as_still_aborting() -> None:
+    registry = RequestRegistry()
+    ending = ActiveRequest("x", "generate", "m")
+    registry.admit(ending)
+    ending.ended = True
+    with pytest.raises(AlreadyExists, match="still aborting"):
+        registry.admit(ActiveRequest("x", "generate", "m"))
