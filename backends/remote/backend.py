@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,7 +65,6 @@ class RemoteBackend(Backend):
         self._calls: dict[str, grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]] = {}
         self._sessions: OrderedDict[str, None] = OrderedDict()
         self._sources: list[pb.KvEventSource] = []
-        self._background: set[asyncio.Task[Any]] = set()
         self._cursor = KvCursor()
 
     @property
@@ -184,8 +183,6 @@ class RemoteBackend(Backend):
         for call in self._calls.values():
             call.cancel()
         self._calls.clear()
-        for task in list(self._background):
-            task.cancel()
         client, self._client = self._client, None
         if client is not None:
             await client.close()
@@ -227,27 +224,35 @@ class RemoteBackend(Backend):
                 # on the remote (its ALREADY_EXISTS means another client's request).
                 done = True
                 raise responses.rejection(status.code.name, status.details, status.retry_after_ms) from None
+            done = True  # the remote ended the call with that status: nothing of it runs there
             raise responses.stream_failure(status.code.name, status.details) from None
         finally:
             if self._calls.get(request_id) is call:
-                del self._calls[request_id]
-                if not done:  # the front gave up on it: so does the remote
+                if done:
+                    del self._calls[request_id]
+                else:  # the front gave up on it: the core aborts it next (``abort``)
                     call.cancel()
-                    self._spawn(self._abort_remote(pb.AbortRequest(request_id=request_id)))
 
     async def abort(self, request_id: str) -> None:
         """Abort the request on the remote, whose stream then ends with its terminal events and usage.
 
-        When the remote cannot abort it (it does not know it, or cannot be reached), the remote
-        call is cancelled instead. Idempotent.
+        A call the front already gave up on (its client left) is cancelled, and is forgotten only
+        once the remote has answered this Abort: the core keeps the id in flight until this returns,
+        so no later request with the id can be on the remote yet for the Abort to reach. When the
+        remote cannot abort it (it does not know it, or cannot be reached), the call is cancelled
+        instead. Idempotent.
         """
         call = self._calls.get(request_id)
         if call is None:
             return
-        status = await self._abort_remote(pb.AbortRequest(request_id=request_id))
-        if status is None and self._calls.get(request_id) is call:
-            del self._calls[request_id]
-            call.cancel()
+        status = None
+        try:
+            status = await self._abort_remote(pb.AbortRequest(request_id=request_id))
+        finally:
+            if status is None or call.done():
+                if self._calls.get(request_id) is call:
+                    del self._calls[request_id]
+                call.cancel()
 
     async def _abort_remote(self, request: pb.AbortRequest) -> pb.AbortStatus.ValueType | None:
         """Abort on the remote; None when it does not know the target (nothing to do)."""
@@ -259,11 +264,6 @@ class RemoteBackend(Backend):
             return None
         except Unavailable:
             return None  # stopped meanwhile
-
-    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # -- KV sessions ----------------------------------------------------------------------
 
@@ -286,43 +286,40 @@ class RemoteBackend(Backend):
 
     # -- tasks and LoRA -------------------------------------------------------------------
 
-    async def _unary(self, request_id: str, call: Callable[[T], Awaitable[Any]], message: T) -> Any:
-        """A remote unary call; its status is the front's, and cancelling it aborts it there."""
+    async def _unary(self, call: Callable[[T], Awaitable[Any]], message: T) -> Any:
+        """A remote unary call; its status is the front's. Cancelling it cancels the remote call,
+        which aborts it there (never an Abort by id, which could reach a later request using the id)."""
         try:
             return await call(message)
         except StatusError as error:
             raise responses.rejection(error.code.name, error.details, error.retry_after_ms) from None
-        except asyncio.CancelledError:
-            if request_id:
-                self._spawn(self._abort_remote(pb.AbortRequest(request_id=request_id)))
-            raise
 
     async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
         """The remote's embeddings."""
         message = mapping.embed_request(call, self.remote_model)
-        response: pb.EmbedResponse = await self._unary(call.context.request_id, self.client.embed, message)
+        response: pb.EmbedResponse = await self._unary(self.client.embed, message)
         return list(response.outputs), response.usage
 
     async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
         """The remote's class scores."""
         message = mapping.classify_request(call, self.remote_model)
-        response: pb.ClassifyResponse = await self._unary(call.context.request_id, self.client.classify, message)
+        response: pb.ClassifyResponse = await self._unary(self.client.classify, message)
         return list(response.outputs), response.usage
 
     async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
         """The remote's scores."""
         message = mapping.score_request(call, self.remote_model)
-        response: pb.ScoreResponse = await self._unary(call.context.request_id, self.client.score, message)
+        response: pb.ScoreResponse = await self._unary(self.client.score, message)
         return response, response.usage
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
         """Load the adapter on the remote (its path must be visible there)."""
         wire = pb.LoraAdapter(lora_id=adapter.lora_id, lora_name=adapter.lora_name, source_path=adapter.source_path)
-        await self._unary("", self.client.load_lora, wire)
+        await self._unary(self.client.load_lora, wire)
 
     async def unload_lora(self, adapter: LoraAdapter) -> None:
         """Unload the adapter on the remote."""
-        await self._unary("", self.client.unload_lora, adapter.lora_name)
+        await self._unary(self.client.unload_lora, adapter.lora_name)
 
     # -- observability --------------------------------------------------------------------
 

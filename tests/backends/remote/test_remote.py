@@ -147,6 +147,37 @@ async def test_abort_and_cancellation_reach_the_remote() -> None:
         await eventually(lambda: not any(core.running or core.waiting for core in engine.cores))
 
 
+async def test_an_id_reused_after_a_cancel_is_never_cancelled_by_the_old_request_s_abort() -> None:
+    """The front frees a cancelled request's id only once the remote has answered its Abort: an Abort
+    still on its way when the id is reused would end the new request on the remote."""
+    async with front_and_back(mock={"decode_time_per_step_s": 0.002}) as (front, _, _):
+        one = pb.SamplingParams(seed=7, temperature=1.0)
+        reasons: list[str] = []
+
+        async def cancel_and_reuse(worker: int) -> None:
+            for cycle in range(10):
+                request_id = f"reused-{worker}-{cycle}"
+                old = front.stub.Generate(
+                    generate("front", request_id, sampling=one, stopping=pb.StoppingOptions(max_tokens=300))
+                )
+                await old.read()
+                old.cancel()
+                while True:  # at once, as a client retrying an id the gateway still holds
+                    try:
+                        again = await collect(
+                            front,
+                            generate("front", request_id, sampling=one, stopping=pb.StoppingOptions(max_tokens=3)),
+                        )
+                        break
+                    except grpc.aio.AioRpcError as error:
+                        assert error.code() == grpc.StatusCode.ALREADY_EXISTS, error
+                        await asyncio.sleep(0.005)
+                reasons.append(pb.FinishReason.Name(again[-1].finished.reason))
+
+        await asyncio.gather(*(cancel_and_reuse(worker) for worker in range(8)))
+        assert set(reasons) == {"FINISH_REASON_LENGTH"}
+
+
 async def test_tasks_lora_and_load_are_relayed(tmp_path: Path) -> None:
     async with front_and_back() as (front, behind, _):
         inputs = [pb.TaskInput(item_id="a", text="hello"), pb.TaskInput(item_id="b", token_ids=pb.TokenIds(ids=[1]))]
