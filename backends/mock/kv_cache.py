@@ -30,9 +30,16 @@ class CacheKey(NamedTuple):
 
     @property
     def root(self) -> int:
-        """The parent hash of a sequence's first block."""
+        """The parent hash of a sequence's first block.
+
+        The adapter's name counts as well as its id, as in vLLM: ids are the caller's and may be
+        reused by another adapter once one is unloaded, while a request still running with the
+        unloaded one keeps caching blocks under its id.
+        """
         salt = b"" if self.salt is None else b"\x01" + self.salt.encode("utf-8")
-        return _digest(b"root" + self.lora_id.to_bytes(8, "big", signed=True) + salt)
+        name = self.lora_name.encode("utf-8")
+        lora = self.lora_id.to_bytes(8, "big", signed=True) + len(name).to_bytes(4, "big") + name
+        return _digest(b"root" + lora + salt)
 
 
 def _digest(data: bytes) -> int:

@@ -125,3 +125,9 @@ def test_without_events_the_cache_works_the_same_and_records_nothing() -> None:
     assert [len(quiet.lookup(list(range(s, s + 8)), KEY, 8)) for s in (0, 100, 200)] == [0, 2, 2]
     quiet.clear()
     assert quiet.take_events() == [] and quiet.cached == 0
+
+
+def test_another_adapter_reusing_an_id_never_meets_its_blocks() -> None:
+    """Ids are the caller's: once "a" is unloaded, "b" may load under its id while a request of "a" still caches."""
+    assert CacheKey(lora_id=7, lora_name="a").root != CacheKey(lora_id=7, lora_name="b").root
+    assert CacheKey(lora_id=7, lora_name="a").root == CacheKey(lora_id=7, lora_name="a").root
