@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,6 +48,34 @@ def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"a time is a positive number of seconds, not {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # NaN fails this too
+        raise ValueError(f"a request rate is a positive number of requests/s or 'inf', not {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"a temperature is a number >= 0, not {text!r}")
+    return value
+
+
+def _burstiness(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"burstiness is a positive number, not {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openengine-gateway bench",
@@ -64,20 +93,25 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--num-requests", type=int, metavar="N", help=f"measured requests per target (default {DEFAULT_REQUESTS})"
     )
-    load.add_argument("--duration", type=float, metavar="S", help="seconds per target to keep sending")
+    load.add_argument("--duration", type=_typed(_seconds), metavar="S", help="seconds per target to keep sending")
     load.add_argument(
         "--concurrency", type=int, metavar="N", help="requests in flight (default 1); with --request-rate, a cap"
     )
     load.add_argument(
-        "--request-rate", type=float, metavar="R", help="requests/s with gamma arrivals ('inf': all at once)"
+        "--request-rate", type=_typed(_rate), metavar="R", help="requests/s with gamma arrivals ('inf': all at once)"
     )
     load.add_argument(
-        "--burstiness", type=float, metavar="B", help="gamma shape of --request-rate arrivals (default 1: Poisson)"
+        "--burstiness",
+        type=_typed(_burstiness),
+        metavar="B",
+        help="gamma shape of --request-rate arrivals (default 1: Poisson)",
     )
     load.add_argument(
         "--warmup", type=int, metavar="N", default=2, help="unmeasured requests before each target (default 2)"
     )
-    load.add_argument("--timeout", type=float, metavar="S", default=300.0, help="seconds per request (default 300)")
+    load.add_argument(
+        "--timeout", type=_typed(_seconds), metavar="S", default=300.0, help="seconds per request (default 300)"
+    )
     work = parser.add_argument_group("workload")
     work.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals (default 0)")
     work.add_argument(
@@ -102,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix-len", type=int, metavar="L", default=0, help="each group's shared prefix, in --prompt-len's unit"
     )
     work.add_argument("--vocab-size", type=int, metavar="V", help="send random token ids below this instead of text")
-    work.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy: agreement is reported")
+    work.add_argument(
+        "--temperature", type=_typed(_temperature), default=0.0, help="0 (default) is greedy: agreement is reported"
+    )
     work.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
@@ -184,6 +220,16 @@ def _settings(
     }
 
 
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Where results go must be usable before anything is measured: a run is too dear to lose."""
+    if args.json is not None and str(args.json) != "-":
+        folder = args.json.parent
+        if args.json.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+            parser.error(f"--json {args.json}: not a file in a writable directory")
+    if args.report is not None and args.report.exists() and not args.report.is_dir():
+        parser.error(f"--report {args.report}: exists and is not a directory")
+
+
 async def run(argv: Sequence[str]) -> int:
     """The subcommand inside a running event loop (``main`` runs it; tests await it)."""
     parser = _parser()
@@ -198,6 +244,7 @@ async def run(argv: Sequence[str]) -> int:
         parser.error("at an infinite request rate, bound the run with --num-requests or cap it with --concurrency")
     if args.report is not None:
         require_matplotlib()
+    _check_outputs(parser, args)
     targets = distinct(args.target)
     connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
     runs = await benchmark(
@@ -228,6 +275,9 @@ def main(argv: Sequence[str]) -> int:
     except (BenchError, ClientError, OSError) as error:
         print(f"openengine-gateway bench: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("openengine-gateway bench: interrupted", file=sys.stderr)
+        return 130
 
 
 __all__ = ["DEFAULT_REQUESTS", "main", "run"]

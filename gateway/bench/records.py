@@ -24,7 +24,8 @@ class Target:
     def parse(cls, text: str) -> Target:
         """``host:port/model`` (the model may itself contain ``/``) or ``host:port``."""
         address, _, model = text.partition("/")
-        if not address:
+        host, colon, port = address.rpartition(":")
+        if not host or not colon or not port.isdigit():
             raise ValueError(f"a target is HOST:PORT/MODEL, not {text!r}")
         return cls(address, model)
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from .. import pb
 from ..client import OpenEngineClient, StatusError, text_request
+from .errors import BenchError
 from .progress import Progress
 from .records import RequestRecord, Target, TargetRun
 from .workload import BenchRequest, Workload
@@ -233,6 +234,7 @@ async def benchmark(
                 check_compatibility=False,
             )
             clients.append(await stack.enter_async_context(client))
+            await _check_model(client, target)
         for target, client in zip(targets, clients, strict=True):
             line = Progress(target.label, options.num_requests, enabled=progress)
             try:
@@ -240,6 +242,16 @@ async def benchmark(
             finally:
                 line.close()
     return runs
+
+
+async def _check_model(client: OpenEngineClient, target: Target) -> None:
+    """A target's model must be served before any target is measured: a typo found after the first
+    target's run wastes it, and every request to an unknown model fails at once."""
+    served = list(client.engine_info.supported_models) if client.engine_info is not None else []
+    if target.model and target.model not in served:
+        raise BenchError(f"{target.label}: the server serves no model {target.model!r} (it serves {served})")
+    if not target.model and len(served) != 1:
+        raise BenchError(f"{target.label}: the server serves {served}: name one as HOST:PORT/MODEL")
 
 
 def _error_code(code: pb.ErrorCode.ValueType) -> str:

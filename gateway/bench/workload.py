@@ -39,9 +39,10 @@ class Lengths:
         """``"128"`` (fixed) or ``"64:256"`` (uniform, both ends included)."""
         low, colon, high = text.partition(":")
         try:
-            return cls(int(low), int(high) if colon else int(low))
+            bounds = int(low), int(high) if colon else int(low)
         except ValueError:
             raise WorkloadError(f"a length is N or LOW:HIGH, not {text!r}") from None
+        return cls(*bounds)  # its own checks say what is wrong with the numbers
 
     def draw(self, rng: random.Random) -> int:
         """One length."""

@@ -13,6 +13,7 @@ from openengine_backends.mock import MockBackend, MockSettings
 from openengine_gateway import pb
 from openengine_gateway.bench import Lengths, ReportError, Workload, WorkloadSpec, require_matplotlib
 from openengine_gateway.bench.cli import run
+from openengine_gateway.bench.errors import BenchError
 from openengine_gateway.bench.progress import Progress
 from openengine_gateway.bench.prompts import load_prompts
 from openengine_gateway.bench.records import RequestRecord, Target, distinct
@@ -25,8 +26,12 @@ from openengine_gateway.testing import RunningGateway, serve_backends
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[RunningGateway]:
-    """Two identical greedy mock engines, served as ``a`` and ``b``."""
-    engines = [("a", MockBackend(MockSettings())), ("b", MockBackend(MockSettings()))]
+    """Two identical greedy mock engines, served as ``a`` and ``b``; ``short`` refuses outputs past 1 token."""
+    engines = [
+        ("a", MockBackend(MockSettings())),
+        ("b", MockBackend(MockSettings())),
+        ("short", MockBackend(MockSettings(max_output_tokens=1))),
+    ]
     async with serve_backends(engines) as running:
         yield running
 
@@ -75,7 +80,7 @@ async def test_request_rate_sends_every_target_the_same_requests_and_counts_erro
 ) -> None:
     address = gateway.address
     argv = [
-        *("--target", f"{address}/a", "--target", f"{address}/missing"),
+        *("--target", f"{address}/a", "--target", f"{address}/short"),
         *("--request-rate", "400", "--burstiness", "0.5", "--duration", "0.1", "--warmup", "0"),
         *("--prompt-len", "8", "--output-len", "2", "--temperature", "1", "--json", str(tmp_path / "b.json")),
         "--no-progress",
@@ -85,11 +90,48 @@ async def test_request_rate_sends_every_target_the_same_requests_and_counts_erro
     spec = WorkloadSpec(prompt_lengths=Lengths(8, 8), output_lengths=Lengths(2, 2), request_rate=400.0, burstiness=0.5)
     timed = Workload(spec)
     scheduled = next(i for i in range(10_000) if (timed.request(i).send_at or 0.0) >= 0.1)  # arrivals before 0.1 s
-    served, missing = document["targets"]
-    assert served["requests"] == missing["requests"] == scheduled
+    served, refused = document["targets"]
+    assert served["requests"] == refused["requests"] == scheduled
     assert served["completed"] == scheduled and served["output_tokens"] == 2 * scheduled
-    assert missing["errors"] == {"NOT_FOUND": scheduled} and missing["ttft_s"]["count"] == 0
+    assert refused["errors"] == {"INVALID_ARGUMENT": scheduled} and refused["ttft_s"]["count"] == 0
     assert document["agreement"] == [], "no agreement at temperature 1"
+
+
+async def test_a_model_no_target_serves_is_found_before_anything_is_measured(
+    gateway: RunningGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", f"{gateway.address}/a", "--target", f"{gateway.address}/typo", "--no-progress"]
+    with pytest.raises(BenchError, match=r"serves no model 'typo' \(it serves \['a', 'b', 'short'\]\)"):
+        await run(argv)
+    with pytest.raises(BenchError, match="name one as HOST:PORT/MODEL"):
+        await run(["--target", gateway.address, "--no-progress"])
+    assert capsys.readouterr().out == ""  # nothing was measured
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--request-rate", "nan", "--duration", "2"), "a request rate is a positive number"),
+        (("--duration", "inf"), "a time is a positive number of seconds"),
+        (("--duration", "nan"), "a time is a positive number of seconds"),
+        (("--temperature", "-1"), "a temperature is a number >= 0"),
+        (("--timeout", "0"), "a time is a positive number of seconds"),
+        (("--output-len", "5:3"), "needs 0 <= low <= high"),
+        (("--json", "/nonexistent/dir/x.json"), "not a file in a writable directory"),
+    ],
+)
+def test_unusable_settings_are_usage_errors_before_the_run(
+    flags: tuple[str, ...], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--target", "127.0.0.1:1/m", *flags])
+    assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_target_without_a_port_is_a_usage_error() -> None:
+    with pytest.raises(ValueError, match="HOST:PORT/MODEL"):
+        Target.parse("localhost/x")
+    assert Target.parse("[::1]:50051/m").address == "[::1]:50051"
 
 
 def test_the_gateway_command_dispatches_bench(capsys: pytest.CaptureFixture[str]) -> None:
