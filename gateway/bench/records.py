@@ -55,7 +55,8 @@ class RequestRecord:
     ``message_times`` and ``message_tokens`` hold, for every ``TokenOutput`` that carried tokens,
     when it arrived and how many tokens it carried: coalesced tokens share one arrival.
     ``error`` names the gRPC status (``UNAVAILABLE``) or the ``EngineError`` code
-    (``ERROR_CODE_OVERLOADED``) that ended the request; ``None`` when it finished.
+    (``ERROR_CODE_OVERLOADED``) that ended the request; ``None`` when it finished. ``error_message``
+    is what the server said with it.
     """
 
     index: int
@@ -68,6 +69,7 @@ class RequestRecord:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = None
     error: str | None = None
+    error_message: str = ""
 
     @property
     def ok(self) -> bool:

@@ -78,6 +78,10 @@ def to_text(comparison: Comparison) -> str:
     lines = ["  ".join([" " * first, *(h.rjust(w) for h, w in zip(headers, widths, strict=True))])]
     for name, cells in rows:
         lines.append("  ".join([name.ljust(first), *(c.rjust(w) for c, w in zip(cells, widths, strict=True))]))
+    for summary in comparison.summaries:
+        lines.extend(
+            f"{summary.target}: first {code}: {message}" for code, message in summary.error_examples.items() if message
+        )
     return "\n".join(lines)
 
 
@@ -102,6 +106,7 @@ def _request(record: RequestRecord) -> dict[str, Any]:
         "completion_tokens": record.completion_tokens,
         "messages": len(record.message_times),
         "error": record.error,
+        "error_message": record.error_message,
     }
 
 

@@ -117,6 +117,7 @@ class _Sender:
                     record.token_ids.extend(t.token_id for t in response.token.tokens)
                 elif kind == "error":
                     record.error = _error_code(response.error.code)
+                    record.error_message = response.error.message
                 elif kind == "finished" and response.finished.reason == pb.FINISH_REASON_CANCELLED:
                     record.error = "FINISH_REASON_CANCELLED"
                 if response.HasField("usage"):  # set on the final response only
@@ -128,6 +129,7 @@ class _Sender:
                         record.cached_prompt_tokens = usage.cached_prompt_tokens
         except StatusError as error:
             record.error = error.code.name
+            record.error_message = error.details
         if record.error is None and not ended:
             record.error = "INCOMPLETE_STREAM"
         record.ended = self.clock()

@@ -98,6 +98,8 @@ class TargetSummary:
     completed: int
     failed: int
     errors: dict[str, int]
+    error_examples: dict[str, str]
+    """The server's message with the first request failed under each code."""
     duration_s: float
     requests_per_s: float
     output_tokens: int
@@ -111,6 +113,15 @@ class TargetSummary:
     tpot_s: Distribution
     e2e_s: Distribution
     tokens_per_message: Distribution
+
+
+def _first_messages(records: Sequence[RequestRecord]) -> dict[str, str]:
+    """The message of the first request to fail under each error code, so failures can be read."""
+    examples: dict[str, str] = {}
+    for record in records:
+        if record.error is not None:
+            examples.setdefault(record.error, record.error_message)
+    return examples
 
 
 def summarize(run: TargetRun) -> TargetSummary:
@@ -127,6 +138,7 @@ def summarize(run: TargetRun) -> TargetSummary:
         completed=len(finished),
         failed=len(run.records) - len(finished),
         errors=dict(Counter(r.error for r in run.records if r.error is not None).most_common()),
+        error_examples=_first_messages(run.records),
         duration_s=run.duration_s,
         requests_per_s=len(finished) * rate,
         output_tokens=output_tokens,

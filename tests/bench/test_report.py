@@ -52,6 +52,7 @@ def test_json_holds_settings_summaries_requests_and_no_infinities() -> None:
         "completion_tokens": 3,
         "messages": 2,
         "error": None,
+        "error_message": "",
     }
     assert second["duration_s"] == "inf" and first["itl_s"]["p50"] == pytest.approx(0.2)
 

@@ -94,6 +94,8 @@ async def test_request_rate_sends_every_target_the_same_requests_and_counts_erro
     assert served["requests"] == refused["requests"] == scheduled
     assert served["completed"] == scheduled and served["output_tokens"] == 2 * scheduled
     assert refused["errors"] == {"INVALID_ARGUMENT": scheduled} and refused["ttft_s"]["count"] == 0
+    assert "max_tokens" in refused["error_examples"]["INVALID_ARGUMENT"]  # what the server said, to read
+    assert refused["per_request"][0]["error_message"] == refused["error_examples"]["INVALID_ARGUMENT"]
     assert document["agreement"] == [], "no agreement at temperature 1"
 
 
