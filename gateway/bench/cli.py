@@ -48,32 +48,22 @@ def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"a time is a positive number of seconds, not {text!r}")
-    return value
+def _bounded(rule: str, accept: Callable[[float], bool]) -> Callable[[str], float]:
+    """A number flag's parser: a value ``accept`` takes (never NaN), else an error stating ``rule``."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if math.isnan(value) or not accept(value):
+            raise ValueError(f"{rule}, not {text!r}")
+        return value
+
+    return parse
 
 
-def _rate(text: str) -> float:
-    value = float(text)
-    if not value > 0:  # NaN fails this too
-        raise ValueError(f"a request rate is a positive number of requests/s or 'inf', not {text!r}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"a temperature is a number >= 0, not {text!r}")
-    return value
-
-
-def _burstiness(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"burstiness is a positive number, not {text!r}")
-    return value
+_seconds = _bounded("a time is a positive number of seconds", lambda value: 0 < value < math.inf)
+_rate = _bounded("a request rate is a positive number of requests/s or 'inf'", lambda value: value > 0)
+_temperature = _bounded("a temperature is a number >= 0", lambda value: 0 <= value < math.inf)
+_burstiness = _bounded("burstiness is a positive number", lambda value: 0 < value < math.inf)
 
 
 def _parser() -> argparse.ArgumentParser:
