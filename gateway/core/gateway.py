@@ -125,6 +125,7 @@ class Gateway:
         for active in self.registry.in_flight():
             active.abort("the gateway is shutting down")
         self.events.close("the gateway is shutting down")
+        self.lifecycle.close("the gateway is shutting down")
 
     async def stop(self, *, drain_timeout_s: float = 0.0) -> None:
         """``settle``, then finish background work and stop every engine."""

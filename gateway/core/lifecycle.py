@@ -68,6 +68,13 @@ class LifecycleService:
         self._state = state
         self._probe_timeout = probe_timeout
         self._progress_interval = drain_progress_interval
+        self._closed: EngineFailure | None = None
+        """Set at shutdown: open drains end with it (``close``)."""
+
+    def close(self, reason: str) -> None:
+        """Shutdown: every open Drain ends with one terminal error within a progress interval,
+        not with the transport's UNAVAILABLE when the server stops."""
+        self._closed = EngineFailure(pb.ERROR_CODE_DRAINING, reason, retryable=True, retry_after_ms=1000)
 
     # -- Health ---------------------------------------------------------------------------
 
@@ -245,6 +252,9 @@ class LifecycleService:
                 in_flight, sessions = counts
                 if in_flight == 0 and not sessions:
                     yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
+                    return
+                if self._closed is not None:
+                    yield pb.DrainResponse(error=self._closed.to_proto())
                     return
                 if counts != reported:
                     yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, counts, "draining")

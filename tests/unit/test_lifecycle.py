@@ -502,3 +502,17 @@ async def test_probe_timeout() -> None:
     )
     assert response.checks[-1].state == NOT_READY and "no result within 0.02s" in response.checks[-1].message
     assert len(backend.aborted) == 1
+
+
+async def test_shutdown_ends_an_open_drain_with_one_terminal_error() -> None:
+    """After STARTED a failure is an EngineError, never the transport's status when the server stops."""
+    parts = CoreParts()
+    admit(parts, "a")  # never ends
+    lifecycle = service(parts, FakeBackend(), drain_progress_interval=0.05)
+    stream = lifecycle.drain(pb.DrainRequest())
+    assert states([await anext(stream)]) == ["DRAIN_STATE_STARTED"]
+    lifecycle.close("the gateway is shutting down")
+    last = await asyncio.wait_for(anext(stream), 1)
+    assert states([last]) == ["ERROR_CODE_DRAINING"] and last.error.message == "the gateway is shutting down"
+    assert last.error.retryable
+    assert await ready(stream) == []
