@@ -229,8 +229,8 @@ class RemoteBackend(Backend):
         finally:
             if self._calls.get(request_id) is call:
                 if done:
-                    del self._calls[request_id]
-                else:  # the front gave up on it: the core aborts it next (``abort``)
+                    self._forget(request_id, call)
+                else:  # the front gave up on it: the core aborts it next (``abort``), unless it did already
                     call.cancel()
 
     async def abort(self, request_id: str) -> None:
@@ -249,10 +249,16 @@ class RemoteBackend(Backend):
         try:
             status = await self._abort_remote(pb.AbortRequest(request_id=request_id))
         finally:
-            if status is None or call.done():
-                if self._calls.get(request_id) is call:
-                    del self._calls[request_id]
+            if status is None:
                 call.cancel()
+            if call.done():
+                self._forget(request_id, call)
+            else:  # its relay still reads the remote's terminal events: forget it once it ends, however
+                call.add_done_callback(lambda _call: self._forget(request_id, call))
+
+    def _forget(self, request_id: str, call: grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]) -> None:
+        if self._calls.get(request_id) is call:
+            del self._calls[request_id]
 
     async def _abort_remote(self, request: pb.AbortRequest) -> pb.AbortStatus.ValueType | None:
         """Abort on the remote; None when it does not know the target (nothing to do)."""

@@ -296,3 +296,46 @@ async def test_stop_cancels_what_is_still_running() -> None:
         with contextlib.suppress(asyncio.CancelledError, EngineFailure):
             await anext(stream)
         await eventually(lambda: behind.gateway.registry.get("s") is None)
+
+
+class _Call:
+    """A remote Generate call's bookkeeping surface: done, cancel and done-callbacks."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[object] = []
+        self.is_done = False
+
+    def done(self) -> bool:
+        return self.is_done
+
+    def cancel(self) -> bool:
+        self.is_done = True
+        for callback in self.callbacks:
+            callback(self)  # type: ignore[operator]
+        return True
+
+    def add_done_callback(self, callback: object) -> None:
+        self.callbacks.append(callback)
+
+
+@pytest.mark.parametrize("answer", [pb.ABORT_STATUS_ABORTED, None])
+async def test_an_aborted_call_is_forgotten_once_it_ends_however_it_ends(
+    monkeypatch: pytest.MonkeyPatch, answer: int | None
+) -> None:
+    """Aborted while its relay still reads it, then cancelled by the relay when its client leaves: no
+    second abort comes, so the call must not stay remembered (one per request, until stop)."""
+    backend = RemoteBackend(RemoteSettings(target="127.0.0.1:1"))
+    call = _Call()
+    backend._calls["r"] = call  # type: ignore[assignment]
+
+    async def remote_abort(_request: pb.AbortRequest) -> int | None:
+        return answer
+
+    monkeypatch.setattr(backend, "_abort_remote", remote_abort)
+    await backend.abort("r")
+    if answer is None:  # the remote could not abort it: cancelled and forgotten at once
+        assert call.is_done and backend._calls == {}
+        return
+    assert backend._calls == {"r": call}  # the relay still reads the remote's terminal events
+    call.cancel()  # the relay's client left before they came
+    assert backend._calls == {}
