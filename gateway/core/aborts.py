@@ -21,19 +21,19 @@ ENGINE_ABORT_TIMEOUT_S = 30.0
 """How long a driver's abort may take before the id is freed anyway (with a warning)."""
 
 
-def abort_in_engine(background: BackgroundTasks, engine: Engine, active: ActiveRequest) -> None:
-    """Start the driver's abort of ``active``, once however many paths ask for it."""
+def abort_in_engine(background: BackgroundTasks, engine: Engine, active: ActiveRequest) -> asyncio.Task[None]:
+    """The driver's abort of ``active``, started once however many paths ask for it."""
     if active.engine_abort is None:
         active.engine_abort = background.spawn(_abort(engine, active.request_id), f"abort {active.request_id}")
+    return active.engine_abort
 
 
 def abort_then_release(
     background: BackgroundTasks, registry: RequestRegistry, engine: Engine, active: ActiveRequest
 ) -> None:
     """Abort ``active`` in its driver (if not already under way), then free its id as finished."""
-    abort_in_engine(background, engine, active)
-    assert active.engine_abort is not None
-    background.spawn(_release_when_done(registry, active, active.engine_abort), f"release {active.request_id}")
+    pending = abort_in_engine(background, engine, active)
+    background.spawn(_release_when_done(registry, active, pending), f"release {active.request_id}")
 
 
 async def _abort(engine: Engine, request_id: str) -> None:
