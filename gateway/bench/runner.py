@@ -236,7 +236,7 @@ async def benchmark(
                 check_compatibility=False,
             )
             clients.append(await stack.enter_async_context(client))
-            await _check_model(client, target)
+            _check_model(client, target)
         for target, client in zip(targets, clients, strict=True):
             line = Progress(target.label, options.num_requests, enabled=progress)
             try:
@@ -246,7 +246,7 @@ async def benchmark(
     return runs
 
 
-async def _check_model(client: OpenEngineClient, target: Target) -> None:
+def _check_model(client: OpenEngineClient, target: Target) -> None:
     """A target's model must be served before any target is measured: a typo found after the first
     target's run wastes it, and every request to an unknown model fails at once."""
     served = list(client.engine_info.supported_models) if client.engine_info is not None else []
