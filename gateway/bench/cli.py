@@ -5,18 +5,22 @@
         --json bench.json --report bench-report/
 
 Targets are measured one after another with the same requests (see ``runner``). Exit status 0,
-1 when a target finished no request, 2 on a usage, connection or report error.
+1 when a target finished no request, 2 on a usage, connection or report error, 130 when
+interrupted. A first Ctrl-C stops the run and still reports (table, JSON, plots) what was measured
+up to then; a second one quits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +38,8 @@ T = TypeVar("T")
 
 DEFAULT_REQUESTS = 100
 """Requests per target when neither a count nor a duration is given."""
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT), partial results reported or not."""
 
 
 def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
@@ -142,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--report", type=Path, metavar="DIR", help="write PNG plots into this directory (needs matplotlib)"
     )
-    output.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     security = parser.add_argument_group("connection")
     security.add_argument("--token", help="bearer token, if the servers require one")
     security.add_argument("--ca", type=Path, metavar="FILE", help="CA certificate (PEM) of TLS servers")
@@ -237,9 +243,22 @@ async def run(argv: Sequence[str]) -> int:
     _check_outputs(parser, args)
     targets = distinct(args.target)
     connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
-    runs = await benchmark(
-        targets, Workload(spec), options, connection, progress=not args.no_progress and sys.stderr.isatty()
-    )
+    stop = asyncio.Event()
+    with _stop_on_interrupt(stop):
+        runs = await benchmark(
+            targets,
+            Workload(spec),
+            options,
+            connection,
+            progress=not args.no_progress and sys.stderr.isatty(),
+            stop=stop,
+        )
+    if not runs:
+        print("openengine-gateway bench: interrupted before any target was measured", file=sys.stderr)
+        return INTERRUPTED
+    if stop.is_set() and len(runs) < len(targets):
+        skipped = ", ".join(t.label for t in targets[len(runs) :])
+        print(f"openengine-gateway bench: interrupted; not measured: {skipped}", file=sys.stderr)
     comparison = compare(runs, greedy=options.temperature == 0.0)
     json_to_stdout = args.json is not None and str(args.json) == "-"
     if args.json is not None:
@@ -255,7 +274,32 @@ async def run(argv: Sequence[str]) -> int:
         written = write_plots(runs, args.report)
         where = sys.stderr if json_to_stdout else sys.stdout
         print(f"report: {', '.join(p.name for p in written)} in {args.report}", file=where)
+    if stop.is_set():
+        return INTERRUPTED
     return 1 if any(s.completed == 0 for s in comparison.summaries) else 0
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(stop: asyncio.Event) -> Iterator[None]:
+    """A first SIGINT sets ``stop`` (the run ends and reports what it measured); a second one, back
+    with Python's own handler, raises ``KeyboardInterrupt`` and quits. Where the loop cannot take
+    signals (not the main thread, Windows), SIGINT keeps quitting at once."""
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+        print("\ninterrupted: reporting what was measured (Ctrl-C again to quit)", file=sys.stderr)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    except (NotImplementedError, RuntimeError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -267,7 +311,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except KeyboardInterrupt:
         print("openengine-gateway bench: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 __all__ = ["DEFAULT_REQUESTS", "main", "run"]

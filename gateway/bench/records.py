@@ -90,6 +90,8 @@ class TargetRun:
     engine: str
     duration_s: float
     records: list[RequestRecord]
+    interrupted: bool = False
+    """Stopped early (Ctrl-C): the requests in flight then were cancelled and are not in ``records``."""
 
 
 __all__ = ["RequestRecord", "Target", "TargetRun", "distinct"]

@@ -82,6 +82,11 @@ def to_text(comparison: Comparison) -> str:
         lines.extend(
             f"{summary.target}: first {code}: {message}" for code, message in summary.error_examples.items() if message
         )
+        if summary.interrupted:
+            lines.append(
+                f"{summary.target}: interrupted after {summary.duration_s:.1f}s; "
+                "the requests in flight then are not counted"
+            )
     return "\n".join(lines)
 
 

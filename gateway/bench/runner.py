@@ -19,6 +19,11 @@ with a duration, after it, then waits for the requests in flight. At a finite ra
 bounds the schedule, not the clock: every request scheduled within it is sent, however late a
 slow target or the cap makes it, so every target gets the same ones (at an infinite rate, where
 every arrival is at 0, the clock bounds it).
+
+A ``stop`` event (the command sets it on Ctrl-C) ends the run early without losing it: the target
+being measured keeps the requests that had ended, is marked interrupted, and the requests still in
+flight are cancelled and not counted (they were neither completed nor failed); later targets are
+not run.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .. import pb
 from ..client import OpenEngineClient, StatusError, text_request
@@ -83,7 +89,7 @@ class Connection:
 
 
 class _Sender:
-    """Sends one request and records it, on a clock that starts when the sender is made."""
+    """Sends one request and records it (in ``records`` too), on a clock that starts when the sender is made."""
 
     def __init__(self, client: OpenEngineClient, target: Target, options: RunOptions, on_done: OnDone | None) -> None:
         self._client = client
@@ -91,6 +97,8 @@ class _Sender:
         self._options = options
         self._on_done = on_done
         self._zero = time.perf_counter()
+        self.records: list[RequestRecord] = []
+        """Every request that ended, in the order they ended."""
 
     def clock(self) -> float:
         """Seconds since this sender was made."""
@@ -133,6 +141,7 @@ class _Sender:
         if record.error is None and not ended:
             record.error = "INCOMPLETE_STREAM"
         record.ended = self.clock()
+        self.records.append(record)
         if self._on_done is not None:
             self._on_done(record)
         return record
@@ -144,31 +153,28 @@ async def _fixed_concurrency(
     workers: int,
     limit: int | None,
     deadline: float | None,
-) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
+) -> None:
     indices = itertools.count()
 
     async def worker() -> None:
         for index in indices:
             if (limit is not None and index >= limit) or (deadline is not None and send.clock() >= deadline):
                 return
-            records.append(await send(request_at(index)))
+            await send(request_at(index))
 
     async with asyncio.TaskGroup() as group:
         for _ in range(workers):
             group.create_task(worker())
-    return records
 
 
 async def _request_rate(
     send: _Sender, workload: Workload, cap: int | None, limit: int | None, deadline: float | None
-) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
+) -> None:
     in_flight = asyncio.Semaphore(cap) if cap is not None else None
 
     async def one(request: BenchRequest) -> None:
         try:
-            records.append(await send(request))
+            await send(request)
         finally:
             if in_flight is not None:
                 in_flight.release()
@@ -188,7 +194,6 @@ async def _request_rate(
             if in_flight is not None:
                 await in_flight.acquire()
             group.create_task(one(request))
-    return records
 
 
 async def run_target(
@@ -197,22 +202,47 @@ async def run_target(
     workload: Workload,
     options: RunOptions,
     on_done: OnDone | None = None,
+    stop: asyncio.Event | None = None,
 ) -> TargetRun:
-    """Warm ``target`` up, then run the measured phase; ``on_done`` sees each measured request."""
+    """Warm ``target`` up, then run the measured phase; ``on_done`` sees each measured request.
+
+    Setting ``stop`` ends the run early: what ended by then is kept, and the run is marked interrupted.
+    """
     if options.warmup:
         warmup = workload.warmup(options.warmup)
         sender = _Sender(client, target, options, None)
-        await _fixed_concurrency(sender, warmup.__getitem__, options.concurrency or 1, len(warmup), None)
+        await _until(stop, _fixed_concurrency(sender, warmup.__getitem__, options.concurrency or 1, len(warmup), None))
     sender = _Sender(client, target, options, on_done)
-    if workload.spec.request_rate is None:
+    if stop is not None and stop.is_set():  # interrupted during the warm-up: nothing was measured
+        load = None
+    elif workload.spec.request_rate is None:
         workers = options.concurrency or 1
-        records = await _fixed_concurrency(sender, workload.request, workers, options.num_requests, options.duration_s)
+        load = _fixed_concurrency(sender, workload.request, workers, options.num_requests, options.duration_s)
     else:
-        records = await _request_rate(sender, workload, options.concurrency, options.num_requests, options.duration_s)
+        load = _request_rate(sender, workload, options.concurrency, options.num_requests, options.duration_s)
+    interrupted = load is None or not await _until(stop, load)
     duration = sender.clock()
     info = client.engine_info
     engine = f"{info.engine_name} {info.engine_version}" if info is not None else ""
-    return TargetRun(target, engine, duration, sorted(records, key=lambda r: r.index))
+    return TargetRun(target, engine, duration, sorted(sender.records, key=lambda r: r.index), interrupted)
+
+
+async def _until(stop: asyncio.Event | None, load: Coroutine[Any, Any, None]) -> bool:
+    """Run ``load`` to its end (True), or until ``stop`` is set, cancelling it (False)."""
+    if stop is None:
+        await load
+        return True
+    task = asyncio.ensure_future(load)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return not task.cancelled()
 
 
 async def benchmark(
@@ -222,8 +252,12 @@ async def benchmark(
     connection: Connection = Connection(),
     *,
     progress: bool = False,
+    stop: asyncio.Event | None = None,
 ) -> list[TargetRun]:
-    """Run ``workload`` against every target in turn, with a progress line on stderr if asked."""
+    """Run ``workload`` against every target in turn, with a progress bar on stderr if asked.
+
+    Once ``stop`` is set, the target being measured ends early and later ones are not run.
+    """
     runs: list[TargetRun] = []
     async with contextlib.AsyncExitStack() as stack:
         clients = []
@@ -238,9 +272,11 @@ async def benchmark(
             clients.append(await stack.enter_async_context(client))
             _check_model(client, target)
         for target, client in zip(targets, clients, strict=True):
-            line = Progress(target.label, options.num_requests, enabled=progress)
+            if stop is not None and stop.is_set():
+                break
+            line = Progress(target.label, options.num_requests, duration_s=options.duration_s, enabled=progress)
             try:
-                runs.append(await run_target(client, target, workload, options, line.update))
+                runs.append(await run_target(client, target, workload, options, line.update, stop))
             finally:
                 line.close()
     return runs

@@ -113,6 +113,8 @@ class TargetSummary:
     tpot_s: Distribution
     e2e_s: Distribution
     tokens_per_message: Distribution
+    interrupted: bool = False
+    """Stopped early (Ctrl-C): the figures cover the requests that had ended by then."""
 
 
 def _first_messages(records: Sequence[RequestRecord]) -> dict[str, str]:
@@ -152,6 +154,7 @@ def summarize(run: TargetRun) -> TargetSummary:
         tpot_s=Distribution.of(samples.tpot),
         e2e_s=Distribution.of(samples.e2e),
         tokens_per_message=Distribution.of(samples.tokens_per_message),
+        interrupted=run.interrupted,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -252,7 +254,17 @@ def test_progress_counts_time_on_the_measured_clock() -> None:
     line = Progress("t", 2, stream=out)
     line.update(RequestRecord(0, started=0.0, ended=1.25))
     line.update(RequestRecord(1, started=0.5, ended=2.5, error="UNAVAILABLE"))
-    assert out.getvalue().endswith("\rt: 2/2 requests, 1 failed [2.5s]")
+    assert out.getvalue().endswith(f"\rt: |{'#' * 30}| 100% 2/2 requests, 1 failed [2.5s]")
+
+
+def test_progress_bar_fills_with_the_bound_that_ends_the_run_first() -> None:
+    """A run bounded by requests and a duration ends at whichever comes first: the bar shows that one."""
+    out = io.StringIO()
+    line = Progress("t", 100, duration_s=10.0, stream=out)
+    line.update(RequestRecord(0, started=0.0, ended=5.0))
+    assert line.fraction == 0.5
+    assert out.getvalue().endswith(f"\rt: |{'#' * 15}{'.' * 15}|  50% 1/100 requests [5.0/10s]")
+    assert Progress("t", None).fraction is None  # nothing bounds it: no bar
 
 
 async def test_a_rate_sends_every_scheduled_request_to_a_target_that_falls_behind() -> None:
@@ -262,15 +274,54 @@ async def test_a_rate_sends_every_scheduled_request_to_a_target_that_falls_behin
     class SlowSender:
         def __init__(self) -> None:
             self.zero = asyncio.get_running_loop().time()
+            self.records: list[RequestRecord] = []
 
         def clock(self) -> float:
             return asyncio.get_running_loop().time() - self.zero
 
         async def __call__(self, request: BenchRequest) -> RequestRecord:
             await asyncio.sleep(0.03)  # a third of the schedule's pace
-            return RequestRecord(request.index, self.clock())
+            self.records.append(record := RequestRecord(request.index, self.clock()))
+            return record
 
     workload = Workload(WorkloadSpec(prompt_lengths=Lengths(8, 8), output_lengths=Lengths(2, 2), request_rate=100.0))
     scheduled = next(i for i in range(10_000) if (workload.request(i).send_at or 0.0) >= 0.2)
-    records = await runner._request_rate(SlowSender(), workload, 1, None, 0.2)  # type: ignore[arg-type]
-    assert sorted(record.index for record in records) == list(range(scheduled))
+    sender = SlowSender()
+    await runner._request_rate(sender, workload, 1, None, 0.2)  # type: ignore[arg-type]
+    assert sorted(record.index for record in sender.records) == list(range(scheduled))
+
+
+async def test_ctrl_c_reports_what_was_measured_and_skips_the_targets_left(
+    gateway: RunningGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first SIGINT ends the run without losing it: the target being measured keeps the requests that
+    had ended (marked interrupted), later targets are not run, and the exit status is 130."""
+    update = Progress.update
+
+    def interrupt_after_five(self: Progress, record: RequestRecord) -> None:
+        update(self, record)
+        if self.done == 5:
+            os.kill(os.getpid(), signal.SIGINT)  # the run's own handler takes it: no KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "update", interrupt_after_five)
+    address = gateway.address
+    argv = [
+        *("--target", f"{address}/a", "--target", f"{address}/b", "--num-requests", "100000"),
+        *("--concurrency", "4", "--output-len", "64", "--json", str(tmp_path / "bench.json"), "--no-progress"),
+    ]
+    assert await run(argv) == 130
+    [measured] = json.loads((tmp_path / "bench.json").read_text())["targets"]
+    assert measured["target"] == f"{address}/a" and measured["interrupted"] is True
+    assert 5 <= measured["completed"] < 100 and measured["failed"] == 0, "in-flight requests are dropped, not failed"
+    out, err = capsys.readouterr()
+    assert f"{address}/a: interrupted after" in out
+    assert f"interrupted; not measured: {address}/b" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Python's own handler is back"
+
+
+async def test_a_run_stopped_before_it_starts_measures_nothing(gateway: RunningGateway) -> None:
+    stop = asyncio.Event()
+    stop.set()
+    options = RunOptions(num_requests=10, warmup=2)
+    workload = Workload(WorkloadSpec(prompt_lengths=Lengths(8, 8), output_lengths=Lengths(2, 2)))
+    assert await benchmark([Target.parse(f"{gateway.address}/a")], workload, options, stop=stop) == []
