@@ -125,7 +125,10 @@ def _parser() -> argparse.ArgumentParser:
         help="N or LOW:HIGH (inclusive) tokens (default 64)",
     )
     work.add_argument(
-        "--prompts-file", type=Path, metavar="FILE", help='prompts: JSONL {"prompt", "output_len"?} or text lines'
+        "--prompts-file",
+        type=Path,
+        metavar="FILE",
+        help='prompts: JSONL {"prompt", "output_len"?}, a .json array of those, or text lines',
     )
     work.add_argument("--prefix-groups", type=int, metavar="N", default=0, help="groups of prompts sharing a prefix")
     work.add_argument(

@@ -40,25 +40,36 @@ def synthetic_text(rng: random.Random, length: int) -> str:
 def load_prompts(path: Path) -> tuple[PromptEntry, ...]:
     """The prompts of ``path``.
 
-    A ``.jsonl`` (or ``.json``) file holds one object a line, ``{"prompt": "...", "output_len": 128}``
-    (the output length is optional); any other file holds one prompt a line. Blank lines are skipped.
+    A ``.jsonl`` or ``.json`` file holds one object a line, ``{"prompt": "...", "output_len": 128}``
+    (the output length is optional); a ``.json`` file may instead hold one array of such objects.
+    Any other file holds one prompt a line. Blank lines are skipped.
     """
-    jsonl = path.suffix in (".jsonl", ".json")
-    entries: list[PromptEntry] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        entries.append(_json_entry(line, f"{path}:{number}") if jsonl else PromptEntry(line))
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        items = _json(text, str(path))
+        if not isinstance(items, list):
+            raise WorkloadError(f"{path}: not one JSON array of prompt objects")
+        entries = [_entry(item, f"{path}: item {number}") for number, item in enumerate(items, 1)]
+    else:
+        jsonl = path.suffix in (".jsonl", ".json")
+        entries = [
+            _entry(_json(line, where := f"{path}:{number}"), where) if jsonl else PromptEntry(line)
+            for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()
+        ]
     if not entries:
         raise WorkloadError(f"{path} holds no prompts")
     return tuple(entries)
 
 
-def _json_entry(line: str, where: str) -> PromptEntry:
+def _json(text: str, where: str) -> object:
     try:
-        item = json.loads(line)
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise WorkloadError(f"{where}: not JSON: {error}") from None
+
+
+def _entry(item: object, where: str) -> PromptEntry:
     prompt = item.get("prompt") if isinstance(item, dict) else None
     output_length = item.get("output_len") if isinstance(item, dict) else None
     if not isinstance(prompt, str) or not prompt:

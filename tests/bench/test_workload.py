@@ -86,6 +86,24 @@ def test_prompts_file_jsonl_and_lines(tmp_path: Path) -> None:
     assert {r.prompt: r.max_tokens for r in requests} == {"one": 7, "two": 3, "three": 3}
 
 
+def test_a_json_file_may_hold_one_array_of_prompts(tmp_path: Path) -> None:
+    array = tmp_path / "prompts.json"
+    array.write_text('[\n  {"prompt": "one", "output_len": 7},\n  {"prompt": "two"}\n]\n')
+    assert [(e.text, e.output_length) for e in load_prompts(array)] == [("one", 7), ("two", None)]
+    lines = tmp_path / "lines.json"
+    lines.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')  # JSON lines under .json, as before
+    assert [e.text for e in load_prompts(lines)] == ["one", "two"]
+    array.write_text('[{"prompt": "one"}, {"output_len": 3}]')
+    with pytest.raises(WorkloadError, match='item 2: needs a non-empty string "prompt"'):
+        load_prompts(array)
+    array.write_text("[]")
+    with pytest.raises(WorkloadError, match="holds no prompts"):
+        load_prompts(array)
+    array.write_text('[{"prompt": "one"}')
+    with pytest.raises(WorkloadError, match="not JSON"):
+        load_prompts(array)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
