@@ -146,7 +146,9 @@ def test_startup_objects_are_frozen_out_of_full_collections() -> None:
     kept = [[index] for index in range(10_000)]  # long-lived objects made while starting
     try:
         frozen = cli.freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() >= len(kept)
+        # Not equal to a later gc.get_freeze_count(): threads left by earlier tests (a vLLM engine's)
+        # may free frozen objects in between, which lowers it.
+        assert frozen >= len(kept)
         collected = {id(obj) for obj in gc.get_objects()}  # what a full collection walks
         assert not any(id(item) in collected for item in kept)
     finally:
