@@ -70,6 +70,8 @@ class RequestRecord:
     cached_prompt_tokens: int | None = None
     error: str | None = None
     error_message: str = ""
+    scheduled: float | None = None
+    """Its arrival time at a request rate (``started`` is later when a cap or a slow target held it)."""
 
     @property
     def ok(self) -> bool:

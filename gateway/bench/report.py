@@ -104,6 +104,7 @@ def _finite(value: Any) -> Any:
 def _request(record: RequestRecord) -> dict[str, Any]:
     return {
         "index": record.index,
+        "scheduled_s": None if record.scheduled is None else round(record.scheduled, 6),
         "started_s": round(record.started, 6),
         "ttft_s": None if (first := ttft(record)) is None else round(first, 6),
         "e2e_s": round(e2e(record), 6),

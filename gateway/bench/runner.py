@@ -113,7 +113,7 @@ class _Sender:
             temperature=options.temperature,
             ignore_eos=options.ignore_eos,
         )
-        record = RequestRecord(request.index, self.clock())
+        record = RequestRecord(request.index, self.clock(), scheduled=request.send_at)
         ended = False
         try:
             async for response in self._client.stream(message, timeout_s=options.timeout_s):

@@ -45,6 +45,7 @@ def test_json_holds_settings_summaries_requests_and_no_infinities() -> None:
     assert [r["error"] for r in first["per_request"]] == [None, "RESOURCE_EXHAUSTED"]
     assert first["per_request"][0] == {
         "index": 0,
+        "scheduled_s": None,
         "started_s": 0.0,
         "ttft_s": 0.1,
         "e2e_s": 0.5,

@@ -59,6 +59,7 @@ async def test_two_targets_same_workload_consistent_report(
     for target in document["targets"]:
         assert (target["requests"], target["completed"], target["failed"], target["errors"]) == (12, 12, 0, {})
         assert [r["index"] for r in target["per_request"]] == list(range(12))
+        assert {r["scheduled_s"] for r in target["per_request"]} == {None}, "a fixed concurrency schedules nothing"
         assert [r["output_tokens"] for r in target["per_request"]] == [r.max_tokens for r in expected]
         assert target["output_tokens"] == target["usage_completion_tokens"] == sum(r.max_tokens for r in expected)
         assert target["prompt_tokens"] == sum(len(r.prompt) + 1 for r in expected), "byte tokens and a BOS"
@@ -98,6 +99,10 @@ async def test_request_rate_sends_every_target_the_same_requests_and_counts_erro
     assert refused["errors"] == {"INVALID_ARGUMENT": scheduled} and refused["ttft_s"]["count"] == 0
     assert "max_tokens" in refused["error_examples"]["INVALID_ARGUMENT"]  # what the server said, to read
     assert refused["per_request"][0]["error_message"] == refused["error_examples"]["INVALID_ARGUMENT"]
+    for target in document["targets"]:  # each request's arrival time, and when it was sent (not before)
+        arrivals = [r["scheduled_s"] for r in target["per_request"]]
+        assert arrivals == [round(timed.request(i).send_at or 0.0, 6) for i in range(scheduled)]
+        assert all(r["started_s"] >= r["scheduled_s"] - 1e-6 for r in target["per_request"])
     assert document["agreement"] == [], "no agreement at temperature 1"
 
 
