@@ -267,18 +267,17 @@ def _print(results: Results) -> None:
         errors = sum(len(m.result.errors) for m in runs)
         report.line(name, f"{tokens:,.1f} tokens/s, {errors} errors")
 
-    def ratios(bottom: str) -> list[float]:
-        pairs = zip(load["gateway"], load[bottom], strict=True)
-        return [g.result.tokens_per_s / b.result.tokens_per_s for g, b in pairs]
-
-    for bottom, at_least in (("vllm server", THROUGHPUT_VS_SERVER), ("AsyncLLM in process", THROUGHPUT_VS_IN_PROCESS)):
-        values = ratios(bottom)
+    def ratio(top: str, bottom: str, at_least: float | None = None) -> None:
+        pairs = zip(load[top], load[bottom], strict=True)
+        values = [t.result.tokens_per_s / b.result.tokens_per_s for t, b in pairs]
         median = statistics.median(values)
-        report.line(
-            f"gateway / {bottom}",
-            f"{median:.3f}x (rounds {min(values):.3f}..{max(values):.3f})",
-            _verdict_ratio(median, at_least),
-        )
+        verdict = _verdict_ratio(median, at_least) if at_least is not None else ""
+        report.line(f"{top} / {bottom}", f"{median:.3f}x (rounds {min(values):.3f}..{max(values):.3f})", verdict)
+
+    ratio("gateway", "vllm server", THROUGHPUT_VS_SERVER)
+    ratio("gateway", "AsyncLLM in process", THROUGHPUT_VS_IN_PROCESS)
+    # No target: what any out-of-process frontend reaches here, vLLM's own server included.
+    ratio("vllm server", "AsyncLLM in process")
     report.section("frontend CPU per output token at load (kernel accounting; engine core and worker excluded)")
     for name, runs in load.items():
         frontend = statistics.median(m.frontend_cpu_s / m.result.tokens * 1e6 for m in runs)

@@ -51,3 +51,5 @@ def test_vllm_overhead_runs_every_measurement() -> None:
     for target in ("gateway", "vllm server", "AsyncLLM in process"):
         assert re.search(rf"{target}\s+[\d,.]+ tokens/s, 0 errors", report), (target, report)
     assert len(re.findall(r"TTFT p\d+ at concurrency", report)) == 4, report
+    for ratio in ("gateway / vllm server", "gateway / AsyncLLM in process", "vllm server / AsyncLLM in process"):
+        assert re.search(rf"{ratio}\s+\d+\.\d{{3}}x \(rounds", report), (ratio, report)
