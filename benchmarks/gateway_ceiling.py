@@ -308,13 +308,13 @@ def _cpu_report(rounds: Rounds) -> None:
     load = rounds.load
     per_message = {name: _median(runs, lambda m: m.server_us_per_message) for name, runs in load.items()}
     per_token = {name: _median(runs, lambda m: m.server_us_per_token) for name, runs in load.items()}
+    busy = {name: _median(runs, lambda m: m.server_cpu_s / m.result.wall_s) for name, runs in load.items()}
     for name, runs in load.items():
-        busy = _median(runs, lambda m: m.server_cpu_s / m.result.wall_s)
         client = _median(runs, lambda m: m.client_cpu_s / m.result.messages * 1e6)
         report.line(
             name,
             f"{per_message[name]:.1f} us/msg, {per_token[name]:.2f} us/token "
-            f"({busy:.0%} of a core; client {client:.1f} us/msg)",
+            f"({busy[name]:.0%} of a core; client {client:.1f} us/msg)",
         )
     own = per_message["null"] - per_message["bare for null"]
     report.line(
@@ -327,13 +327,12 @@ def _cpu_report(rounds: Rounds) -> None:
     report.line("  of which the mock engine: mock - null", f"{engine_per_token:.2f} us/token")
     # The gateway's process gets about one core (the interpreter's lock; grpc's threads add a little), so at
     # the target's rate it may spend its measured share of a core divided by that rate on each message.
-    busy = _median(load["gateway"], lambda m: m.server_cpu_s / m.result.wall_s)
     target_rate = THROUGHPUT_TARGET * _median(load["bare"], lambda m: m.result.messages_per_s)
     engine = engine_per_token * _median(load["gateway"], lambda m: m.result.tokens / m.result.messages)
     floor = per_message["bare"] + engine
     report.line(
         f"{THROUGHPUT_TARGET}x leaves the gateway's process",
-        f"{busy / target_rate * 1e6:.1f} us/msg at {busy:.0%} of a core; grpc.aio (bare) "
+        f"{busy['gateway'] / target_rate * 1e6:.1f} us/msg at {busy['gateway']:.0%} of a core; grpc.aio (bare) "
         f"{per_message['bare']:.1f} + the mock engine {engine:.1f} = {floor:.1f} before any gateway work",
     )
 
