@@ -23,6 +23,23 @@ class ConfigurationError(ValueError):
     """The engines configuration cannot be served (a name served twice, a bad option...)."""
 
 
+def check_exclusive(backends: Sequence[tuple[str, Backend]]) -> None:
+    """Refuse to serve an engine that needs its process to itself beside another engine.
+
+    ``backends`` pairs each engine's label (as errors name it) with its driver; the check runs
+    before any engine starts, so nothing is left half started.
+    """
+    if len(backends) < 2:
+        return
+    for label, backend in backends:
+        if backend.process_exclusive:
+            raise ConfigurationError(
+                f"{label}: a {backend.name} engine must be the only engine of its gateway "
+                f"({backend.process_exclusive}); serve it from a gateway of its own and join the gateways "
+                "with the `remote` backend (docs/multi-engine.md)"
+            )
+
+
 @dataclass(eq=False)
 class Engine:
     """A started backend serving one model under a name and optional aliases."""
@@ -109,4 +126,4 @@ class EngineSet:
         return engine
 
 
-__all__ = ["ConfigurationError", "Engine", "EngineSet"]
+__all__ = ["ConfigurationError", "Engine", "EngineSet", "check_exclusive"]

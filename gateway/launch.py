@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import Config, ConfigError, EngineSection, engine_settings
-from .engines import ConfigurationError, Engine, EngineSet
+from .engines import ConfigurationError, Engine, EngineSet, check_exclusive
 from .plugins import PluginError, installed_backends, load_backend
 from .spi.backend import Backend
 
@@ -23,6 +23,7 @@ class _Planned:
     section: EngineSection
     backend: Backend
     served_name: str
+    label: str
 
 
 def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> list[_Planned]:
@@ -47,7 +48,8 @@ def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_l
             if name in names:
                 raise ConfigurationError(f"{label}: model {kind} {name!r} is served twice (also by {names[name]})")
             names[name] = label
-        planned.append(_Planned(section, driver(settings), served))
+        planned.append(_Planned(section, driver(settings), served, label))
+    check_exclusive([(plan.label, plan.backend) for plan in planned])
     return planned
 
 

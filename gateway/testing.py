@@ -19,7 +19,7 @@ import grpc
 
 from . import pb
 from .core.gateway import Gateway, GatewayOptions
-from .engines import Engine, EngineSet
+from .engines import Engine, EngineSet, check_exclusive
 from .server.app import GatewayServer, ServerOptions
 from .spi.backend import Backend
 
@@ -57,6 +57,7 @@ async def serve_backends(
     ``server_options`` (its host and port are replaced) turn on TLS, tokens or metrics;
     ``credentials`` make ``running.stub`` a TLS channel (a plaintext one otherwise).
     """
+    check_exclusive([(entry[0], entry[1]) for entry in backends])
     engines: list[Engine] = []
     started: list[Backend] = []  # including one whose facts are then refused
     try:

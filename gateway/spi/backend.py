@@ -89,6 +89,10 @@ class Backend(ABC):
     name: ClassVar[str] = ""
     spi_version: ClassVar[int] = SPI_VERSION
     Settings: ClassVar[type[BackendSettings]] = BackendSettings
+    process_exclusive: ClassVar[str] = ""
+    """Why this engine cannot share the gateway's process with another engine (process-wide
+    state, a shutdown that kills every child process of the gateway), or ``""`` when it can.
+    The gateway then refuses, before anything starts, to serve it beside another engine."""
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
