@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,13 +47,17 @@ class GatewayProcess:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(*args: str, cwd: Path, startup_s: float = 60.0) -> AsyncIterator[GatewayProcess]:
-    """Run ``openengine-gateway ARGS --host 127.0.0.1 --port 0`` in ``cwd`` until it serves."""
+async def gateway_process(
+    *args: str, cwd: Path, startup_s: float = 60.0, program: Sequence[str] | None = None
+) -> AsyncIterator[GatewayProcess]:
+    """Run ``openengine-gateway ARGS --host 127.0.0.1 --port 0`` in ``cwd`` until it serves.
+
+    ``program`` replaces the installed command (a wrapper that installs a fake engine first)."""
     log = cwd / f"gateway-{next(_logs)}.log"
     env = {k: v for k, v in os.environ.items() if k != "OPENENGINE_GATEWAY_CONFIG"}
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
-            *command(),
+            *(program or command()),
             *args,
             "--host",
             "127.0.0.1",

@@ -27,12 +27,12 @@ import random
 import socket
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from http import HTTPStatus
 from typing import Any, ClassVar, TypeVar
 
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
-from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, RequestError
+from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, RequestError, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -51,6 +51,7 @@ from ..zmq_kv_events import subscribe
 from . import capabilities, mapping
 from .capabilities import EngineState
 from .outputs import RequestStream
+from .process import SigquitGuard, gateway_log_level, kept_logging, process_alive
 from .sessions import PrefillSessions
 from .settings import SglangSettings
 from .tasks import TaskRunner, task_capabilities
@@ -73,6 +74,9 @@ class SglangBackend(Backend):
 
     name: ClassVar[str] = capabilities.ENGINE_NAME
     Settings: ClassVar[type[BackendSettings]] = SglangSettings
+    process_exclusive: ClassVar[str] = (
+        "SGLang keeps one configuration per process, and its shutdown kills every child process of the gateway"
+    )
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
@@ -85,6 +89,9 @@ class SglangBackend(Backend):
         self._in_flight: dict[str, _InFlight] = {}
         self._sessions = PrefillSessions(self._abort_rid)
         self._bootstrap = ("", 0)
+        self._failure: str | None = None
+        self._sigquit = SigquitGuard(self._failed)
+        self._shutdown: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> Any:
@@ -106,11 +113,18 @@ class SglangBackend(Backend):
             raise ConfigError(
                 "sglang: incremental_streaming_output is not supported (the driver reads SGLang's default)"
             )
-        self._engine = await asyncio.to_thread(sglang.Engine, **kwargs)
+        kwargs.setdefault("log_level", gateway_log_level())
+        self._sigquit.install()  # SGLang's children may fail while it loads
+        try:
+            with kept_logging():
+                self._engine = await asyncio.to_thread(sglang.Engine, **kwargs)
+        except BaseException:
+            self._sigquit.remove()
+            raise
         try:
             return await self._describe(sglang.__version__)
         except BaseException:
-            await asyncio.to_thread(self._engine.shutdown)
+            await self.stop()
             raise
 
     async def _describe(self, version: str) -> EngineFacts:
@@ -125,6 +139,7 @@ class SglangBackend(Backend):
         manager = self._engine.tokenizer_manager
         self._generate_request = GenerateReqInput
         manager.auto_create_handle_loop()
+        self._sigquit.install()  # in place of the handler that would kill the gateway's process tree
         server = (await manager.get_internal_state())[0]
         state = self._state = capabilities.engine_state(manager, server)
         self._limits = capabilities.engine_limits(state)
@@ -150,16 +165,34 @@ class SglangBackend(Backend):
         )
 
     async def stop(self) -> None:
-        """Abort everything SGLang still runs, then shut its processes down."""
-        if self._engine is None:
-            return
-        self._sessions.release_all()
-        for running in self._in_flight.values():
-            if running.task is not None:
-                running.task.cancel()
+        """Abort everything SGLang still runs, then shut its processes down (once, however often asked)."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.create_task(self._shut_down())
+        await asyncio.shield(self._shutdown)
+
+    async def _shut_down(self) -> None:
         engine, self._engine = self._engine, None
-        engine.tokenizer_manager.abort_request(abort_all=True)
-        await asyncio.to_thread(engine.shutdown)
+        try:
+            if engine is None:
+                return
+            self._sessions.release_all()
+            for running in self._in_flight.values():
+                if running.task is not None:
+                    running.task.cancel()
+            engine.tokenizer_manager.abort_request(abort_all=True)
+            await asyncio.to_thread(engine.shutdown)
+        finally:
+            self._sigquit.remove()
+
+    def _failed(self, reason: str) -> None:
+        """SGLang signalled that one of its processes failed: NOT_READY from now on, and its remaining
+        processes are stopped (what SGLang's own handler does, less killing the gateway)."""
+        if self._failure is not None:
+            return
+        self._failure = reason
+        log.error("%s; the engine is stopped and reports NOT_READY until the gateway restarts", reason)
+        if self._shutdown is None:
+            self._shutdown = asyncio.create_task(self._shut_down())
 
     # -- generation -----------------------------------------------------------------------
 
@@ -319,8 +352,8 @@ class SglangBackend(Backend):
             return await call
         except (RequestError, EngineFailure, asyncio.CancelledError):
             raise
-        except ValueError as exc:  # SGLang's tokenizer manager validates by raising ValueError
-            raise InvalidArgument(f"SGLang rejected the request: {exc}") from None
+        except Exception as exc:  # broad on purpose: every SGLang failure becomes the call's status
+            raise engine_failure(exc) from None
         finally:
             self._in_flight.pop(request_id, None)
 
@@ -351,12 +384,16 @@ class SglangBackend(Backend):
     # -- health, load, KV events ----------------------------------------------------------
 
     async def check_health(self) -> list[pb.HealthCheck]:
-        """Liveness: SGLang's scheduler and detokenizer processes run and it is not exiting."""
+        """Liveness: no SGLang process reported a failure, and its scheduler and detokenizer processes run.
+
+        A failed child is usually reported by SGLang's SIGQUIT (see ``process``) before it could be
+        seen here; a child that died without a report (killed from outside) is found by its pid.
+        """
+        if self._failure is not None:
+            return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=self._failure)]
         engine = self._engine
         if engine is None:
             return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
-        if engine.tokenizer_manager.gracefully_exit:
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="SGLang is shutting down")]
         dead = [pid for pid in engine.get_all_child_pids() if not process_alive(pid)]
         if dead:
             message = f"SGLang processes exited: {dead}"
@@ -384,26 +421,31 @@ class SglangBackend(Backend):
 
     def _running(self) -> Any:
         if self._engine is None:
-            raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the SGLang engine is not running")
+            raise Unavailable(self._failure or "the SGLang engine is not running")
         return self._engine
 
 
-def process_alive(pid: int) -> bool:
-    """A child process that still runs: listed in ``/proc`` and not a zombie (SGLang runs on Linux only)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
 def engine_failure(exc: BaseException) -> EngineFailure:
-    """An exception from SGLang after acceptance as the contract's terminal failure."""
+    """An exception from SGLang after acceptance as the contract's failure.
+
+    SGLang's tokenizer manager validates by raising ``ValueError``; a request it aborted with an HTTP
+    status other than 400 raises ``fastapi.HTTPException`` (``_handle_abort_finish_reason``), read
+    here by its ``status_code`` so that fastapi need not be imported: 503 (its queue is full) and 429
+    are the contract's retryable overload, anything else an engine error that says what SGLang said.
+    """
     if isinstance(exc, EngineFailure):
         return exc
     if isinstance(exc, ValueError):
         return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, f"SGLang rejected the request: {exc}")
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        detail = getattr(exc, "detail", None) or exc
+        if status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS):
+            return EngineFailure(pb.ERROR_CODE_OVERLOADED, f"SGLang is overloaded: {detail}", retryable=True)
+        if status == HTTPStatus.BAD_REQUEST:
+            return EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, f"SGLang rejected the request: {detail}")
+        return EngineFailure(pb.ERROR_CODE_INTERNAL, f"SGLang failed (HTTP {status}): {detail}")
     return EngineFailure(pb.ERROR_CODE_INTERNAL, f"SGLang failed: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["SglangBackend", "engine_failure", "process_alive"]
+__all__ = ["SglangBackend", "engine_failure"]

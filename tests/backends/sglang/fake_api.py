@@ -126,6 +126,16 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
 # -- request and result records ----------------------------------------------------------
 
 
+class HTTPException(Exception):
+    """``fastapi.HTTPException``: what SGLang raises for a non-streamed request aborted with a status other
+    than 400 (``managers/tokenizer_manager.py``)."""
+
+    def __init__(self, status_code: int, detail: Any = None) -> None:
+        super().__init__(status_code, detail)
+        self.status_code = status_code
+        self.detail = detail
+
+
 @dataclass
 class GenerateReqInput:
     """``io_struct.GenerateReqInput`` (a single request; the fields the driver may set)."""
@@ -240,6 +250,7 @@ __all__ = [
     "VOCAB",
     "EmbeddingReqInput",
     "GenerateReqInput",
+    "HTTPException",
     "LoRARef",
     "LoRAUpdateOutput",
     "LoadSnapshot",

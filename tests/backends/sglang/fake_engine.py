@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import random
+import signal
+import subprocess
+import threading
 import time
 import types
 from collections.abc import AsyncIterator, Sequence
@@ -35,6 +39,7 @@ from .fake_api import (
     VOCAB,
     EmbeddingReqInput,
     GenerateReqInput,
+    HTTPException,
     LoadSnapshot,
     LoRARef,
     LoRAUpdateOutput,
@@ -51,6 +56,14 @@ STEP_S = 0.001
 """One decode step; tests that abort mid-stream raise it."""
 BOOTSTRAP_TIMEOUT_S = 5.0
 ENGINES: list[Engine] = []
+PROCESS_TREE_KILLED: list[str] = []
+"""Why SGLang's SIGQUIT handler would have killed this process (and the gateway in it): the fake records
+it instead of killing the test run, unless it runs in a process of its own."""
+OWN_PROCESS = False
+"""The fake runs in a gateway process of its own (``fake_cli``): its SIGQUIT handler kills the process."""
+TASK_ABORT: tuple[int, str] | None = None
+"""An abort status and message the scheduler answers every non-streamed request with (a test sets it:
+503 "The request queue is full." is ``managers/scheduler.py``'s answer past ``--max-queued-requests``)."""
 ROOMS: dict[tuple[str, int, int], asyncio.Future[None]] = {}
 ARCHITECTURES = {
     "/models/fake-llm": "LlamaForCausalLM",
@@ -60,10 +73,25 @@ ARCHITECTURES = {
 LABELS = {0: "negative", 1: "positive"}
 
 
+def kill_process_tree() -> None:
+    """``running_phase_sigquit_handler``: ``kill_process_tree(os.getpid())``, the gateway included."""
+    PROCESS_TREE_KILLED.append("SGLang's running-phase SIGQUIT handler")
+    if OWN_PROCESS:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
 def reset() -> None:
     """Forget engines and bootstrap rooms of earlier tests."""
     ENGINES.clear()
     ROOMS.clear()
+    PROCESS_TREE_KILLED.clear()
 
 
 def log_softmax(values: Sequence[float]) -> list[float]:
@@ -137,7 +165,11 @@ class TokenizerManager:
         self.lora_registry = types.SimpleNamespace(get_all_adapters=lambda: dict(self.adapters))
 
     def auto_create_handle_loop(self) -> None:
+        """``managers/tokenizer_manager.py``: starts the output loop on the running loop and, in the main
+        thread, installs ``running_phase_sigquit_handler`` there, which kills the whole process tree."""
         self.handle_loop_started = True
+        if threading.current_thread() is threading.main_thread():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, kill_process_tree)
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
         args = self.server_args
@@ -178,6 +210,13 @@ class TokenizerManager:
     async def _encode(self, obj: EmbeddingReqInput) -> AsyncIterator[Any]:
         if self.is_generation:
             raise ValueError("This model does not appear to be an embedding model by default.")
+        if TASK_ABORT is not None:
+            # managers/tokenizer_manager.py _handle_abort_finish_reason: a non-streamed request aborted with
+            # 400 raises ValueError, with any other status fastapi.HTTPException.
+            status, message = TASK_ABORT
+            if status == 400:
+                raise ValueError(message)
+            raise HTTPException(status_code=status, detail=message)
         if isinstance(obj.text, list):  # a batch (normalize_batch_and_arguments): one rid per text
             assert isinstance(obj.rid, list), "The rid should be a list."
             pairs = obj.is_cross_encoder_request and all(isinstance(t, list) and len(t) == 2 for t in obj.text)
@@ -424,6 +463,10 @@ class Engine:
     """``sglang.Engine(**server_args)``: what the driver calls on it."""
 
     def __init__(self, **kwargs: Any) -> None:
+        # entrypoints/engine.py: no log output unless asked; utils/common.py configure_logger replaces the
+        # root logger's handlers (force=True) and sets its level.
+        kwargs.setdefault("log_level", "error")
+        logging.basicConfig(level=kwargs["log_level"].upper(), format="[sglang] %(message)s", force=True)
         self.server_args = resolved(kwargs)
         self.publisher: Any = None
         self.sequence = 0
@@ -443,9 +486,20 @@ class Engine:
         return list(self.child_pids)
 
     def shutdown(self) -> None:
+        """``entrypoints/engine.py``: ends with ``kill_process_tree(os.getpid(), include_parent=False)``,
+        which kills every child of the process: every other engine's processes die with this one's."""
         self.shut_down = True
+        for engine in ENGINES:
+            if engine is not self and not engine.shut_down:
+                engine.child_pids = [dead_pid()]
         if self.publisher is not None:
             self.publisher.close(linger=0)
+
+    def fail_child(self) -> None:
+        """A scheduler process crashes: ``utils/watchdog.py`` ``SubprocessWatchdog`` signals SIGQUIT to the
+        process hosting the engine."""
+        self.child_pids = [dead_pid()]
+        os.kill(os.getpid(), signal.SIGQUIT)
 
     async def async_load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> LoRAUpdateOutput:
         self.lora_calls.append(("load", lora_name, lora_path))

@@ -153,9 +153,10 @@ async def prefill_ready(running: RunningGateway, prompt: str, **fields: object) 
 
 
 async def test_prefill_and_decode_meet_through_the_bootstrap_room(fake: types.ModuleType) -> None:
+    """Each SGLang engine has a gateway of its own (as it must): the pair meets through SGLang's bootstrap."""
     prefill = sglang(disaggregation_mode="prefill", disaggregation_bootstrap_port=9100)
     decode = sglang(disaggregation_mode="decode")
-    async with serving(prefill, decode) as running:
+    async with serving(prefill) as running, serving(decode) as decoding:
         session = await prefill_ready(running, "say")
         attributes = dict(session.attributes_struct)
         assert attributes["bootstrap_host"] == "127.0.0.1" and attributes["bootstrap_port"] == 9100
@@ -163,7 +164,7 @@ async def test_prefill_and_decode_meet_through_the_bootstrap_room(fake: types.Mo
         load = await running.stub.GetLoad(pb.GetLoadRequest())
         assert load.active_kv_sessions == 1, "SGLang's prefill runs on, waiting for its decode"
         kv = pb.KvOptions(session=session)
-        responses = await collect(running.stub, request("say", model=f"{MODEL}1", sampling=GREEDY, kv=kv))
+        responses = await collect(decoding.stub, request("say", sampling=GREEDY, kv=kv))
         assert text(responses) == "lo world."
         for _ in range(200):
             if (await running.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions == 0:
@@ -180,7 +181,8 @@ async def test_a_kv_session_can_be_aborted_and_a_missing_prefill_fails_the_decod
     fake: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(fake_engine, "BOOTSTRAP_TIMEOUT_S", 0.2)
-    async with serving(sglang(disaggregation_mode="prefill"), sglang(disaggregation_mode="decode")) as running:
+    prefill, decode = sglang(disaggregation_mode="prefill"), sglang(disaggregation_mode="decode")
+    async with serving(prefill) as running, serving(decode) as decoding:
         session = await prefill_ready(running, "say")
         answer = await running.stub.Abort(pb.AbortRequest(kv_session=session))
         assert answer.status == pb.ABORT_STATUS_ABORTED
@@ -189,7 +191,7 @@ async def test_a_kv_session_can_be_aborted_and_a_missing_prefill_fails_the_decod
         assert again.status == pb.ABORT_STATUS_ALREADY_FINISHED  # idempotent, as for requests
         orphan = pb.KvSessionRef(session_id="x", transfer_backend="mooncake")
         orphan.attributes_struct.update({"bootstrap_host": "nowhere", "bootstrap_port": 1, "bootstrap_room": 5})
-        responses = await collect(running.stub, request("say", model=f"{MODEL}1", kv=pb.KvOptions(session=orphan)))
+        responses = await collect(decoding.stub, request("say", kv=pb.KvOptions(session=orphan)))
     assert responses[-1].error.code == pb.ERROR_CODE_KV_TRANSFER_FAILED
 
 

@@ -117,3 +117,26 @@ async def test_native_scores_of_a_generation_model_are_candidate_log_likelihoods
     assert [(r.logprob_start_len, r.sampling_params) for r in sent] == [(4, {"max_new_tokens": 0})] * 2
     assert response.usage.input_tokens == 14
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "message"),
+    [
+        (503, grpc.StatusCode.RESOURCE_EXHAUSTED, "SGLang is overloaded: The request queue is full."),
+        (500, grpc.StatusCode.INTERNAL, "SGLang failed (HTTP 500): The request queue is full."),
+        (400, grpc.StatusCode.INVALID_ARGUMENT, "SGLang rejected the request: The request queue is full."),
+    ],
+)
+async def test_an_aborted_task_reaches_the_caller_with_the_status_sglang_gave(
+    fake: types.ModuleType, monkeypatch: pytest.MonkeyPatch, status: int, code: grpc.StatusCode, message: str
+) -> None:
+    """A non-streamed request SGLang aborts raises ``fastapi.HTTPException`` (``ValueError`` for 400)."""
+    monkeypatch.setattr(fake_engine, "TASK_ABORT", (status, "The request queue is full."))
+    inputs = [pb.TaskInput(item_id="a", text="hello")]
+    async with serving(sglang("/models/fake-embed", is_embedding=True)) as running:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await running.stub.Embed(pb.EmbedRequest(context=context(), inputs=inputs))
+        monkeypatch.setattr(fake_engine, "TASK_ABORT", None)
+        again = await running.stub.Embed(pb.EmbedRequest(context=context(), inputs=inputs))
+    assert (error.value.code(), error.value.details()) == (code, message)
+    assert len(again.outputs) == 1, "the request id is free again"

@@ -1,0 +1,97 @@
+"""What SGLang does to the process that hosts it, kept in the gateway's hands.
+
+SGLang's ``Engine`` assumes it owns its process (SGLang 0.5.23, paths under ``sglang/srt/``):
+
+* ``entrypoints/engine.py`` sets ``log_level="error"`` unless given, and ``utils/common.py``
+  ``configure_logger`` calls ``logging.basicConfig(..., force=True)``: the root logger's handlers
+  (the gateway's text or JSON format) are replaced and its level raised, so every INFO line of the
+  gateway would vanish once an engine started.
+* Its children and watchdogs report a failure by signalling SIGQUIT to the process
+  (``utils/watchdog.py`` ``SubprocessWatchdog`` when a scheduler or detokenizer exits with an error;
+  ``managers/scheduler.py`` on an exception), and the handler it installs on the event loop
+  (``managers/tokenizer_manager.py`` ``running_phase_sigquit_handler``) kills the whole process tree,
+  the gateway included. Without a handler SIGQUIT's default action kills the process as well.
+
+``kept_logging`` undoes the first around the engine's start; ``SigquitGuard`` owns SIGQUIT while an
+SGLang engine runs, so a failed child turns the engine NOT_READY (the gateway's monitor then fails its
+in-flight requests) instead of killing the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def gateway_log_level() -> str:
+    """The level the operator chose for the gateway, as SGLang's ``log_level`` names it."""
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+
+
+@contextlib.contextmanager
+def kept_logging() -> Iterator[None]:
+    """Restore the root logger's handlers and level once SGLang's ``configure_logger`` replaced them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+class SigquitGuard:
+    """The gateway's SIGQUIT handler while an SGLang engine runs: a failure is recorded, never fatal.
+
+    ``install`` runs before SGLang starts (its children may fail while it loads) and again once its
+    tokenizer manager replaced the handler with its own (``auto_create_handle_loop``). Signal handlers
+    belong to the main thread: elsewhere (a test harness's thread) nothing is installed and SGLang keeps
+    its own behaviour, which is logged.
+    """
+
+    def __init__(self, on_failure: Callable[[str], None]) -> None:
+        self._on_failure = on_failure
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self) -> None:
+        """Handle SIGQUIT on the running loop (replacing SGLang's handler)."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGQUIT, self._on_sigquit)
+        except (RuntimeError, ValueError):  # not the main thread: signals cannot be handled here
+            log.warning("SGLang's SIGQUIT handling stays in place: the gateway's loop is not in the main thread")
+            return
+        self._loop = loop
+
+    def remove(self) -> None:
+        """Give SIGQUIT its default action back (SGLang's processes are gone)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_signal_handler(signal.SIGQUIT)
+        self._loop = None
+
+    def _on_sigquit(self) -> None:
+        self._on_failure("an SGLang subprocess failed (SIGQUIT from SGLang's watchdog or one of its processes)")
+
+
+def process_alive(pid: int) -> bool:
+    """A child process that still runs: listed in ``/proc`` and not a zombie (SGLang runs on Linux only)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+__all__ = ["SigquitGuard", "gateway_log_level", "kept_logging", "process_alive"]

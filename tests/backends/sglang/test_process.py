@@ -1,0 +1,105 @@
+"""What SGLang does to the process that hosts it: one engine per gateway, logging, SIGQUIT and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import types
+from pathlib import Path
+
+import grpc
+import pytest
+from openengine_gateway import pb
+from openengine_gateway.config import Config, EngineSection
+from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.launch import plan_engines
+
+from tests.process import gateway_process
+
+from ..fake_serving import serving
+from . import fake_engine
+from .conftest import request, sglang
+
+
+def test_an_sglang_engine_beside_another_is_refused_naming_the_alternative() -> None:
+    """SGLang's configuration is process-wide and its shutdown kills every child of the gateway."""
+    for other in ("sglang", "mock"):
+        sections = [EngineSection(backend="sglang", options={"model": "/m"}), EngineSection(backend=other)]
+        with pytest.raises(ConfigurationError, match=r"engines\[0\] \(sglang\): .*only engine.*`remote` backend"):
+            plan_engines(sections, Config())
+    plan_engines([EngineSection(backend="sglang", options={"model": "/m"})], Config())  # alone, it is served
+
+
+async def test_the_testing_kit_refuses_it_too_before_anything_starts(fake: types.ModuleType) -> None:
+    with pytest.raises(ConfigurationError, match="only engine of its gateway"):
+        async with serving(sglang(disaggregation_mode="prefill"), sglang(disaggregation_mode="decode")):
+            pass
+    assert fake_engine.ENGINES == []
+
+
+async def test_the_gateways_logging_survives_sglangs_start(fake: types.ModuleType) -> None:
+    """SGLang's ``configure_logger`` replaces the root logger's handlers and sets "error" unless told."""
+    root = logging.getLogger()
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        async with serving(sglang()):
+            logging.getLogger("openengine_backends.sglang").info("after the start")
+        assert handler in root.handlers and root.level == logging.INFO
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    assert "after the start" in lines
+    assert fake_engine.ENGINES[0].server_args["log_level"] == "info", "SGLang logs at the operator's level"
+
+
+async def test_a_failed_sglang_process_makes_the_engine_not_ready_and_spares_the_gateway(
+    fake: types.ModuleType,
+) -> None:
+    async with serving(sglang()) as running:
+        fake_engine.ENGINES[0].fail_child()  # SGLang's watchdog: SIGQUIT to the gateway's process
+        for _ in range(300):
+            health = await running.stub.Health(pb.HealthRequest())
+            if health.state == pb.HEALTH_STATE_NOT_READY:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await running.stub.Generate(request()).read()
+    assert fake_engine.PROCESS_TREE_KILLED == []
+    assert health.state == pb.HEALTH_STATE_NOT_READY
+    assert any("SIGQUIT" in check.message for check in health.checks)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert fake_engine.ENGINES[0].shut_down, "SGLang's remaining processes are stopped"
+
+
+ROOT = Path(__file__).resolve().parents[3]
+FAKE_CLI = [
+    sys.executable,
+    "-c",
+    f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
+    "runpy.run_module('tests.backends.sglang.fake_cli', run_name='__main__', alter_sys=True)",
+]
+
+
+async def test_the_real_command_survives_sglangs_sigquit_and_exits_0_on_sigterm(tmp_path: Path) -> None:
+    args = ("--backend", "sglang", "--model", "/models/fake-llm", "--config", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    async with gateway_process(*args, cwd=tmp_path, program=FAKE_CLI) as gateway:
+        gateway.process.send_signal(signal.SIGQUIT)  # what SGLang's watchdog sends when a child fails
+        channel = grpc.aio.insecure_channel(gateway.address)
+        stub = pb.OpenEngineStub(channel)
+        for _ in range(300):
+            health = await stub.Health(pb.HealthRequest())
+            if health.state == pb.HEALTH_STATE_NOT_READY:
+                break
+            await asyncio.sleep(0.01)
+        await channel.close()
+        assert health.state == pb.HEALTH_STATE_NOT_READY
+        assert await gateway.stop() == 0
+    assert "ERROR openengine_backends.sglang.engine: an SGLang subprocess failed" in gateway.log.read_text()
