@@ -33,6 +33,15 @@ def server_options(**overrides: Any) -> dict[str, Any]:
     return options
 
 
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """SGLang server arguments as the command line's ``--name value`` driver options."""
+    return [
+        part
+        for name, value in options.items()
+        for part in (f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value))
+    ]
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama, built offline (random weights from a fixed seed, a locally trained tokenizer)."""

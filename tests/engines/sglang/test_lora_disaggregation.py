@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import pytest
 
 pytest.importorskip("sglang")
@@ -13,9 +14,10 @@ from openengine_gateway import pb
 from openengine_gateway.testing import serve_backends
 
 from tests.engines.streams import MODEL, free_port, generate_request
+from tests.process import gateway_process
 from tests.responses import collect, finished, tokens
 
-from .conftest import engine_of, server_options, start
+from .conftest import engine_of, option_flags, server_options, start
 
 pytestmark = pytest.mark.sglang
 
@@ -45,20 +47,27 @@ async def test_lora_load_generate_unload(tiny_model: Path, tmp_path: Path) -> No
         assert not (await running.stub.ListLoras(pb.ListLorasRequest())).adapters
 
 
-async def test_prefill_ready_then_decode_with_sglangs_fake_transfer(tiny_model: Path) -> None:
-    """SGLang's ``fake`` transfer backend moves no KV, but the bootstrap handshake runs as with a real one."""
+async def test_prefill_ready_then_decode_with_sglangs_fake_transfer(tiny_model: Path, tmp_path: Path) -> None:
+    """SGLang's ``fake`` transfer backend moves no KV, but the bootstrap handshake runs as with a real one.
+
+    Each SGLang engine needs a gateway of its own: the prefill runs in this process, the decode in the
+    real ``openengine-gateway`` command."""
     shared = {"disaggregation_transfer_backend": "fake", "mem_fraction_static": 0.1}
     prefill_options = server_options(disaggregation_mode="prefill", disaggregation_bootstrap_port=free_port(), **shared)
     prefill = SglangBackend(SglangSettings(model=str(tiny_model), **prefill_options))
-    decode_options = server_options(disaggregation_mode="decode", **shared)
-    decode = SglangBackend(SglangSettings(model=str(tiny_model), **decode_options))
-    async with serve_backends([(MODEL, prefill), (f"{MODEL}-decode", decode)]) as running:
+    decode_flags = option_flags(server_options(disaggregation_mode="decode", **shared))
+    decode_args = ("--backend", "sglang", "--model", str(tiny_model), "--served-model-name", MODEL, *decode_flags)
+    async with (
+        serve_backends([(MODEL, prefill)]) as running,
+        gateway_process(*decode_args, cwd=tmp_path, startup_s=300.0) as decoding,
+    ):
         (ready,) = await collect(running.stub, generate_request("pd", prompt=PROMPT))
         assert ready.HasField("prefill_ready")
         session = ready.prefill_ready.kv_session
         assert {"bootstrap_host", "bootstrap_port", "bootstrap_room"} <= set(session.attributes_struct.keys())
         request = generate_request("pd", prompt=PROMPT, kv=pb.KvOptions(session=session))
-        request.model = f"{MODEL}-decode"
         request.stopping.max_tokens = 8
-        responses = await collect(running.stub, request)
+        async with grpc.aio.insecure_channel(decoding.address) as channel:
+            responses = await collect(pb.OpenEngineStub(channel), request)
         assert 0 in finished(responses)
+        assert await decoding.stop() == 0
