@@ -219,6 +219,8 @@ async def all_requests(target: Target) -> None:
 )
 async def kv_session(target: Target) -> None:
     target.require_role(pb.ENGINE_ROLE_PREFILL)
+    connector = target.engine_info.kv_connector
+    target.require(connector.supports_abort_cleanup, "kv_connector.supports_abort_cleanup")
     stream = (await target.run(target.prompt(max_tokens=1))).succeeded()
     session = stream.last.prefill_ready.kv_session
     response = await abort_request(target, pb.AbortRequest(kv_session=session))

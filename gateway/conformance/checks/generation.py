@@ -28,7 +28,7 @@ async def _several(target: Target, max_tokens: int = 4) -> tuple[Stream, int]:
     """A successful stream with several outputs (one when the model allows no more)."""
     target.require_generation()
     count = _sequences(target)
-    request = target.prompt(max_tokens=max_tokens, ignore_eos=True, num_sequences=count, temperature=1.0, seed=7)
+    request = target.prompt(max_tokens=max_tokens, ignore_eos=True, num_sequences=count, temperature=1.0)
     return (await target.run(request)).succeeded(), count
 
 
