@@ -5,12 +5,19 @@ The core binds the id of the request it is serving to the running task
 ``[request_id]`` prefix and in JSON as the ``request_id`` key, so one grep finds a request's
 whole story. Credentials never reach a log line: a refused call is counted by status in the
 metrics, and neither a token nor its digest is ever formatted into a message.
+
+Other code logs what it was sent, though: grpc's Cython layer logs a metadata value that is
+not UTF-8 ("Invalid encoding on b'Bearer <token>\\xff'") at ERROR through Python logging,
+whole (grpc's C core logs no metadata value, even with ``GRPC_TRACE``). ``redact_grpc`` puts a
+filter on that logger which replaces the value by its length, and ``configure`` puts
+``RedactSecrets`` on the root handler, which blanks any ``Bearer`` credential in any line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -20,6 +27,9 @@ LogFormat = Literal["text", "json"]
 
 _REQUEST_ID: ContextVar[str | None] = ContextVar("openengine_request_id", default=None)
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(request)s%(message)s"
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+|%20)[^\s'\",;]+")
+_GRPC_LOGGER = "grpc._cython.cygrpc"
+_GRPC_INVALID_ENCODING = "Invalid encoding on %s"
 
 
 def bind_request_id(request_id: str) -> None:
@@ -35,6 +45,44 @@ class RequestIdFilter(logging.Filter):
         record.request_id = request_id
         record.request = f"[{request_id}] " if request_id else ""
         return True
+
+
+class RedactSecrets(logging.Filter):
+    """Blanks every ``Bearer`` credential in a record's message, whichever code logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _BEARER.sub(r"\1 <redacted>", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+class _GrpcMetadataFilter(logging.Filter):
+    """grpc logs an undecodable metadata value whole, with a traceback: keep only its length.
+
+    Whichever header it was (``authorization`` included), its value is the client's and may be
+    a secret; the line becomes one WARNING without the value or the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _GRPC_INVALID_ENCODING and isinstance(record.args, tuple) and record.args:
+            value = record.args[0]
+            size = len(value) if isinstance(value, bytes | str) else 0
+            record.msg = "a client sent a metadata value that is not UTF-8 (%d bytes, not logged)"
+            record.args = (size,)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_GRPC_FILTER = _GrpcMetadataFilter()
+
+
+def redact_grpc() -> None:
+    """Install the filter on grpc's logger (once; a server calls it whatever its log setup)."""
+    logger = logging.getLogger(_GRPC_LOGGER)
+    if _GRPC_FILTER not in logger.filters:
+        logger.addFilter(_GRPC_FILTER)
 
 
 class JsonFormatter(logging.Formatter):
@@ -59,8 +107,17 @@ def configure(level: str, log_format: LogFormat = "text") -> None:
     """Route the root logger to stderr in ``log_format`` at ``level`` (replacing its handlers)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(RedactSecrets())
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-__all__ = ["JsonFormatter", "LogFormat", "RequestIdFilter", "bind_request_id", "configure"]
+__all__ = [
+    "JsonFormatter",
+    "LogFormat",
+    "RedactSecrets",
+    "RequestIdFilter",
+    "bind_request_id",
+    "configure",
+    "redact_grpc",
+]

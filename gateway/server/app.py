@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .. import pb
+from .. import logs, pb
 from ..core.gateway import Gateway
 from .auth import TokenAuth
 from .interceptor import EdgeInterceptor
@@ -57,6 +57,7 @@ class GatewayServer:
         self.port = 0
         self.metrics_port: int | None = None
         self.metrics = MetricsExporter(gateway)
+        logs.redact_grpc()
         self._server = grpc.aio.server(
             interceptors=[EdgeInterceptor(options.auth, self.metrics.rpc_finished)],
             options=[
