@@ -1,13 +1,16 @@
 """A started TensorRT-LLM engine's facts → what the driver advertises and reports: pure.
 
 ``EngineFeatures`` holds what ``engine.py`` read off the started ``LLM`` (its resolved
-arguments, the first iteration statistics, the signature of ``generate_async``). ``ModelInfo``
-built from it is both what discovery returns and what the gateway enforces, so a feature is
-advertised only when the started engine honours it: guidance only with a grammar backend
-(without one TensorRT-LLM drops the guide silently), priority only when ``generate_async``
-takes one and the scheduler orders by it, candidates only as top-N (all TensorRT-LLM returns).
-Prompt logprobs are reported unsupported: TensorRT-LLM returns each prompt position's top-k,
-not the prompt token's own logprob, which every ``PromptOutput`` record must carry.
+arguments, the first iteration statistics, the signature of ``generate_async``, the fields of
+its ``DisaggregatedParams``, the model's generation config). ``ModelInfo`` built from it is both
+what discovery returns and what the gateway enforces, so a feature is advertised only when the
+started engine honours it: guidance only with a grammar backend (without one TensorRT-LLM drops
+the guide silently), priority only when ``generate_async`` takes one and the scheduler orders
+by it, candidates only as top-N (all TensorRT-LLM returns), LoRA only with a ``lora_config``
+(without one its worker ignores a ``lora_request`` and serves the base model). Prompt logprobs
+are reported unsupported: TensorRT-LLM returns each prompt position's top-k, not the prompt
+token's own logprob, which every ``PromptOutput`` record must carry. Sampling knobs have no
+``ModelInfo`` field: those the sampler ignores are refused by ``mapping`` (``sampling``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_gateway import pb
+
+from .sampling import NO_MODEL_DEFAULTS, TORCH_SAMPLER_KNOBS, SamplingDefaults, applied_knobs, sampling_defaults
 
 ENGINE_NAME = "tensorrt_llm"
 
@@ -38,6 +43,9 @@ GUIDED_MODES_BY_BACKEND: Mapping[str, tuple[pb.GuidedDecodingMode.ValueType, ...
     "llguidance": _ALL_BUT_TAGS,
 }
 
+HANDOFF_FIELDS_1_2 = frozenset({"request_type", "first_gen_tokens", "ctx_request_id", "opaque_state", "draft_tokens"})
+"""The handoff fields of TensorRT-LLM 1.2's ``DisaggregatedParams`` (later releases add more)."""
+
 ROLES: Mapping[str, pb.EngineRole.ValueType] = {
     "aggregated": pb.ENGINE_ROLE_AGGREGATED,
     "prefill": pb.ENGINE_ROLE_PREFILL,
@@ -50,6 +58,7 @@ class EngineFeatures:
     """What a started engine is and honours; ``None`` where it cannot say."""
 
     max_seq_len: int | None = None
+    """The longest sequence the executor takes (its resolved ``max_seq_len``, not ``args.max_seq_len``)."""
     max_batch_size: int | None = None
     max_num_tokens: int | None = None
     tokens_per_block: int | None = None
@@ -68,6 +77,12 @@ class EngineFeatures:
     role: pb.EngineRole.ValueType = pb.ENGINE_ROLE_AGGREGATED
     transfer_backend: str = ""
     kv_events: bool = False
+    sampler_knobs: frozenset[str] = TORCH_SAMPLER_KNOBS
+    """The sampling knobs (and ``seed``) the engine's sampler applies."""
+    sampling: SamplingDefaults = NO_MODEL_DEFAULTS
+    """What an unset knob takes, and the model's defaults the sampler cannot apply."""
+    handoff_fields: frozenset[str] = HANDOFF_FIELDS_1_2
+    """The fields the installed ``DisaggregatedParams`` takes."""
 
     @property
     def data_parallel_size(self) -> int:
@@ -84,11 +99,19 @@ def eos_ids(llm: Any) -> tuple[int, ...]:
     return (int(eos),) if isinstance(eos, int) else ()
 
 
-def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max_top_logprobs: int) -> EngineFeatures:
+def engine_features(
+    llm: Any,
+    *,
+    stats: Mapping[str, Any] | None,
+    role: str,
+    max_top_logprobs: int,
+    handoff_fields: frozenset[str],
+    generation_config: Mapping[str, Any],
+) -> EngineFeatures:
     """A started ``LLM``'s facts, from its resolved arguments, first statistics and signature.
 
-    Read duck-typed by TensorRT-LLM's names. The context length falls back to the model
-    config TensorRT-LLM parsed (``_hf_model_config``) when ``max_seq_len`` was not given.
+    Read duck-typed by TensorRT-LLM's names. ``handoff_fields`` are the installed
+    ``DisaggregatedParams``'s fields; ``generation_config`` is the model's (``generation_config``).
     """
     args = llm.args
     kv_config = getattr(args, "kv_cache_config", None)
@@ -96,20 +119,22 @@ def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max
     accepted = inspect.signature(llm.generate_async).parameters
     policy = str(getattr(getattr(args, "scheduler_config", None), "waiting_queue_policy", "") or "").lower()
     transceiver = getattr(args, "cache_transceiver_config", None)
-    hf_config = getattr(llm, "_hf_model_config", None)
+    tokens_per_block = kv_stats.get("tokensPerBlock") or getattr(kv_config, "tokens_per_block", None)
+    speculative = getattr(args, "speculative_config", None) is not None
+    knobs = applied_knobs(getattr(args, "sampler_type", None), speculative=speculative)
     return EngineFeatures(
-        max_seq_len=args.max_seq_len or getattr(hf_config, "max_position_embeddings", None),
+        max_seq_len=resolved_max_seq_len(llm, kv_stats.get("maxNumBlocks"), tokens_per_block),
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
-        tokens_per_block=kv_stats.get("tokensPerBlock") or getattr(kv_config, "tokens_per_block", None),
+        tokens_per_block=tokens_per_block,
         total_kv_blocks=kv_stats.get("maxNumBlocks"),
         has_tokenizer=llm.tokenizer is not None,
-        lora=bool(getattr(args, "enable_lora", False) or getattr(args, "lora_config", None) is not None),
+        lora=getattr(args, "lora_config", None) is not None,
         guided_backend=args.guided_decoding_backend,
         priority="priority" in accepted and "priority" in policy,
         cache_salt="cache_salt" in accepted,
         # Its speculative samplers return only the sampled token's logprob (``validate_request``).
-        max_top_logprobs=1 if getattr(args, "speculative_config", None) is not None else max_top_logprobs,
+        max_top_logprobs=1 if speculative else max_top_logprobs,
         eos_token_ids=eos_ids(llm),
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
@@ -119,7 +144,25 @@ def engine_features(llm: Any, *, stats: Mapping[str, Any] | None, role: str, max
         # TensorRT-LLM records KV events only with a buffer and block reuse both on (``LLM.get_kv_cache_events``).
         kv_events=(getattr(kv_config, "event_buffer_max_size", 0) or 0) > 0
         and bool(getattr(kv_config, "enable_block_reuse", True)),
+        sampler_knobs=knobs,
+        sampling=sampling_defaults(generation_config, knobs),
+        handoff_fields=handoff_fields,
     )
+
+
+def resolved_max_seq_len(llm: Any, total_blocks: int | None, tokens_per_block: int | None) -> int | None:
+    """The longest sequence the executor takes, which ``llm.args.max_seq_len`` does not say.
+
+    ``args.max_seq_len`` stays None unless given; the executor then takes the model's
+    ``max_position_embeddings``, and its KV cache manager cuts either to what the KV pool holds
+    (``_torch/pyexecutor/_util.py``). The resolved value stays in the executor's process, so it
+    is computed the same way here from the pool the first statistics report.
+    """
+    hf_config = getattr(llm, "_hf_model_config", None)
+    configured: int | None = llm.args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
+    pool = total_blocks * tokens_per_block if total_blocks and tokens_per_block else None
+    known = [value for value in (configured, pool) if value]
+    return min(known) if known else None
 
 
 def guided_capabilities(backend: str | None) -> pb.GuidedDecodingCapabilities:
@@ -194,7 +237,9 @@ def kv_connector(features: EngineFeatures) -> pb.KvConnectorInfo | None:
         transfer_backend=features.transfer_backend,
         supports_remote_prefill=decode,
         supports_decode_pull=decode,
-        supports_abort_cleanup=not decode,
+        # A prefill's request is final at its handoff; TensorRT-LLM's executor keeps the KV cache until
+        # the decode side pulls it or its transfer times out, and offers no call that releases it.
+        supports_abort_cleanup=False,
     )
 
 
@@ -202,29 +247,26 @@ def load_info(
     stats: Mapping[str, Any] | None,
     *,
     in_flight: int,
-    held_sessions: int | None,
     total_blocks: int | None,
     timestamp_ns: int,
+    kv_outlives_requests: bool = False,
 ) -> pb.LoadInfo:
     """A load snapshot from TensorRT-LLM's latest iteration statistics (camelCase JSON).
 
     TensorRT-LLM reports statistics only for iterations it runs, so the last ones go stale
-    when it idles: with no request in flight and no KV session held (every request reaches the
-    engine through this driver), running, queued and used are zero, as measured facts; and a
-    request submitted since the last statistics counts as running at least.
-    ``held_sessions`` is the prefill engine's open KV handoffs (None elsewhere); ``timestamp_ns``
-    is when the statistics arrived (or now, when idle).
+    when it idles: with no request in flight (every request reaches the engine through this
+    driver), running and queued are zero, as measured facts, and so are the used blocks unless
+    ``kv_outlives_requests`` (a prefill engine, whose executor holds a handed-off KV cache after
+    its request ended: then they are unknown); a request submitted since the last statistics
+    counts as running at least. ``timestamp_ns`` is when the statistics arrived (or now, when idle).
     """
     load = pb.LoadInfo(timestamp_unix_nanos=timestamp_ns)
-    if held_sessions is not None:
-        load.active_kv_sessions = held_sessions
     if total_blocks:
         load.total_kv_blocks = total_blocks
-    idle = in_flight == 0 and not held_sessions
-    if idle:
+    if in_flight == 0:
         load.running_requests = load.queued_requests = 0
         load.prefill_batch_size = load.decode_batch_size = 0
-        if total_blocks:
+        if total_blocks and not kv_outlives_requests:
             load.used_kv_blocks = 0
         return load
     if stats is None:
@@ -247,6 +289,7 @@ __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
     "ENGINE_NAME",
     "GUIDED_MODES_BY_BACKEND",
+    "HANDOFF_FIELDS_1_2",
     "ROLES",
     "EngineFeatures",
     "engine_features",
@@ -257,4 +300,5 @@ __all__ = [
     "logprob_capabilities",
     "model_info",
     "parallelism",
+    "resolved_max_seq_len",
 ]

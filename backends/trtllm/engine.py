@@ -5,25 +5,37 @@ loading the plugin, validating settings and every mapping test run without it.
 
 Requests are validated and *submitted* before acceptance: text prompts are tokenized here
 (the length sizes the output budget), ``SamplingParams`` are built, and ``generate_async``
-is called, so whatever TensorRT-LLM refuses is a gRPC status, not a stream error.
+is called. TensorRT-LLM 1.2.1 reports what its executor refuses while the result is read,
+before any output, so such a refusal is still a gRPC status (``refusals``).
 TensorRT-LLM's request ids are its own: the driver keeps the gateway id → ``RequestOutput``
 handle map, aborts through the handle, and turns its cumulative outputs into deltas
-(``outputs.RequestStream``). A prefill's handle outlives its stream until the decode side
-has pulled the KV cache; it is held by session id, so ``Abort(kv_session)`` releases it.
+(``outputs.RequestStream``). A prefill's request is final at its handoff: its stream ends with
+``PrefillReady``, and the executor alone keeps the KV cache until the decode side pulls it
+(nothing the driver holds, or can release).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
-from openengine_gateway.errors import AlreadyExists, EngineFailure, InvalidArgument, NotFound, RequestError, Unavailable
+from openengine_gateway.errors import (
+    AlreadyExists,
+    EngineFailure,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RequestError,
+    Unavailable,
+)
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -33,11 +45,11 @@ from openengine_gateway.spi import (
     LoraAdapter,
 )
 
-from . import capabilities, mapping
+from . import capabilities, generation_config, mapping
 from .kv_events import KvEventMapper
 from .llm_args import llm_kwargs
 from .outputs import RequestStream
-from .sessions import HeldSessions, abort_handle
+from .refusals import is_request_error, refusal
 from .settings import TrtllmSettings
 
 log = logging.getLogger(__name__)
@@ -96,7 +108,6 @@ class TrtllmBackend(Backend):
         self._api: _Api | None = None
         self._features = capabilities.EngineFeatures()
         self._handles: dict[str, Any] = {}
-        self._sessions = HeldSessions(self._spawn)
         self._loras: dict[str, Any] = {}
         self._lora_ids: dict[int, tuple[str, str]] = {}
         self._stats: dict[str, Any] | None = None
@@ -128,8 +139,14 @@ class TrtllmBackend(Backend):
                 has_tokenizer=self._llm.tokenizer is not None, eos_token_ids=capabilities.eos_ids(self._llm)
             )
             first_stats = await self._warm_up()
+            model_dir = Path(getattr(self._llm, "_hf_model_dir", None) or settings.model)
             self._features = capabilities.engine_features(
-                self._llm, stats=first_stats, role=settings.role, max_top_logprobs=api.max_top_logprobs
+                self._llm,
+                stats=first_stats,
+                role=settings.role,
+                max_top_logprobs=api.max_top_logprobs,
+                handoff_fields=frozenset(field.name for field in dataclasses.fields(api.DisaggregatedParams)),
+                generation_config=await asyncio.to_thread(generation_config.read, model_dir),
             )
         except BaseException:
             await asyncio.to_thread(self._llm.shutdown)
@@ -138,6 +155,12 @@ class TrtllmBackend(Backend):
         if self._statistics_on():
             self._spawn(self._pump_stats(), "statistics reader")
         features = self._features
+        if features.sampling.dropped:
+            log.warning(
+                "TensorRT-LLM: the model's generation-config defaults %s are not applied: this engine's sampler "
+                "ignores them (sampler_type TRTLLMSampler applies them)",
+                dict(features.sampling.dropped),
+            )
         return EngineFacts(
             engine_name=capabilities.ENGINE_NAME,
             engine_version=api.version,
@@ -162,10 +185,9 @@ class TrtllmBackend(Backend):
         return latest
 
     async def stop(self) -> None:
-        """Stop the background readers, release held KV sessions, shut TensorRT-LLM down."""
+        """Stop the background readers, shut TensorRT-LLM down."""
         for task in list(self._tasks):
             task.cancel()
-        await self.abort_all_kv_sessions()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
@@ -196,10 +218,10 @@ class TrtllmBackend(Backend):
         except ValueError as exc:
             raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
         except RuntimeError as exc:
-            # Its executor refuses a request with a RequestError (executor/utils.py), a RuntimeError
-            # that names this request's fault; any other RuntimeError is "LLM is shutting down".
-            if type(exc).__name__ == "RequestError":
-                raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
+            # A RequestError (executor/utils.py) is this request's refusal; any other RuntimeError is
+            # "LLM is shutting down".
+            if is_request_error(exc):
+                raise refusal(exc) from None
             raise Unavailable(f"TensorRT-LLM cannot take requests: {exc}") from None
         self._handles[request.request_id] = handle
         tokenizer = llm.tokenizer
@@ -233,12 +255,11 @@ class TrtllmBackend(Backend):
         return kwargs
 
     async def _run(self, request_id: str, handle: Any, stream: RequestStream) -> AsyncIterator[GenerationEvent]:
+        started = False
         try:
             async for result in handle:
-                events = stream.events(result)
-                if stream.session is not None:  # held before PrefillReady goes out: the stream may close then
-                    self._sessions.hold(stream.session.session_id, handle)
-                for event in events:
+                for event in stream.events(result):
+                    started = True
                     yield event
                 if stream.done:
                     return
@@ -248,36 +269,31 @@ class TrtllmBackend(Backend):
         except (EngineFailure, RequestError, asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:  # broad on purpose: every TensorRT-LLM failure becomes one EngineError
+            if is_request_error(exc) and not started:  # refused on enqueue: still a status (spi.Backend.generate)
+                raise refusal(exc) from None
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._handles.pop(request_id, None)
-            if stream.session is None and not handle.finished:
-                abort_handle(handle)  # outputs ended by a stop string, or the stream closed early
+            if not handle.finished:
+                _abort(handle)  # outputs ended by a stop string, or the stream closed early
 
     async def abort(self, request_id: str) -> None:
         """Abort through TensorRT-LLM's handle of the request; idempotent."""
         handle = self._handles.pop(request_id, None)
         if handle is not None:
-            abort_handle(handle)
-
-    # -- prefill KV sessions --------------------------------------------------------------
-
-    async def abort_kv_session(self, session_id: str) -> bool:
-        """Abort the context request that holds the session's KV cache."""
-        return self._sessions.release(session_id)
-
-    async def abort_all_kv_sessions(self) -> int:
-        """Release every held prefill."""
-        return self._sessions.release_all()
+            _abort(handle)
 
     # -- LoRA -----------------------------------------------------------------------------
 
     def _lora(self, name: str | None) -> Any:
+        """The adapter's ``LoRARequest``; its files must still exist (TensorRT-LLM reloads an evicted adapter)."""
         if name is None:
             return None
         lora = self._loras.get(name)
         if lora is None:
             raise NotFound(f"LoRA adapter {name!r} is not loaded in the TensorRT-LLM engine")
+        if not Path(lora.lora_path).exists():
+            raise FailedPrecondition(f"LoRA adapter {name!r}: {lora.lora_path} no longer exists")
         return lora
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
@@ -319,13 +335,13 @@ class TrtllmBackend(Backend):
 
     async def load(self) -> pb.LoadInfo:
         """The latest iteration statistics, corrected to zero when nothing is in flight."""
-        idle = not self._handles and not self._sessions
+        idle = not self._handles
         return capabilities.load_info(
             self._stats,
             in_flight=len(self._handles),
-            held_sessions=len(self._sessions) if self._features.role == pb.ENGINE_ROLE_PREFILL else None,
             total_blocks=self._features.total_kv_blocks,
             timestamp_ns=time.time_ns() if idle or self._stats is None else self._stats_ns,
+            kv_outlives_requests=self._features.role == pb.ENGINE_ROLE_PREFILL,
         )
 
     async def _pump_stats(self) -> None:
@@ -379,6 +395,14 @@ class TrtllmBackend(Backend):
     def _api_(self) -> _Api:
         assert self._api is not None, "start() imports TensorRT-LLM"
         return self._api
+
+
+def _abort(handle: Any) -> None:
+    """``RequestOutput.abort``, which may fail harmlessly for a request that just finished."""
+    try:
+        handle.abort()
+    except Exception:  # broad on purpose: aborting a request that just finished is harmless
+        log.debug("TensorRT-LLM abort of request %s failed", getattr(handle, "request_id", "?"), exc_info=True)
 
 
 async def _poll(read: Callable[..., AsyncIterator[Any]]) -> AsyncIterator[Any]:

@@ -17,6 +17,9 @@ from openengine_gateway.config import ConfigError
 DRIVER_DEFAULTS: Mapping[str, Any] = {"enable_iter_perf_stats": True}
 """What the driver turns on unless told otherwise: iteration statistics feed ``GetLoad``."""
 
+_FALSE = frozenset({"false", "0", "off", "no", "n", "f"})
+"""How pydantic reads a false bool from a string (the command line's form)."""
+
 
 def cli_value(value: Any) -> Any:
     """A command-line string holding a JSON object or array (a nested config) as that value."""
@@ -32,7 +35,10 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
     """``LLM`` keyword arguments (``model`` excluded) from the driver's options.
 
     Raises ``ConfigError`` naming an option ``LLM`` does not take, a backend other than the
-    PyTorch one, or a prefill/decode role without the cache transceiver it needs.
+    PyTorch one, a prefill/decode role without the cache transceiver it needs, or a prefill role
+    with the overlap scheduler on. A prefill engine gets ``disable_overlap_scheduler`` unless told
+    otherwise: TensorRT-LLM 1.2 refuses every context-only request under the overlap scheduler
+    (``executor/base_worker.py``, ``_enqueue_request``), whose default is on.
     """
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -43,7 +49,19 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
         raise ConfigError(f"trtllm: backend {backend!r} is not served; this driver runs the PyTorch backend")
     if role != "aggregated" and not kwargs.get("cache_transceiver_config"):
         raise ConfigError(f"trtllm: a {role} engine needs cache_transceiver_config (the KV transfer backend)")
+    if role == "prefill":
+        if _is_false(kwargs.get("disable_overlap_scheduler", True)):
+            raise ConfigError(
+                "trtllm: a prefill engine needs disable_overlap_scheduler=true: TensorRT-LLM refuses "
+                "context-only requests while the overlap scheduler is on"
+            )
+        kwargs["disable_overlap_scheduler"] = True
     return kwargs
+
+
+def _is_false(value: Any) -> bool:
+    """Whether an option's value reads as false (a bool, or a command-line string)."""
+    return value is False or (isinstance(value, str) and value.strip().lower() in _FALSE)
 
 
 __all__ = ["DRIVER_DEFAULTS", "cli_value", "llm_kwargs"]

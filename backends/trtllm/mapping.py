@@ -5,10 +5,14 @@ The results are plain values: keyword arguments for ``SamplingParams``,
 attention-DP rank. ``engine.py`` builds the TensorRT-LLM objects from them. Whatever the
 engine cannot honour is rejected here with ``InvalidArgument``, before acceptance.
 
-Two choices shape the mapping. Stop strings are not handed to TensorRT-LLM: it matches them
+Choices that shape the mapping. Stop strings are not handed to TensorRT-LLM: it matches them
 on the cumulative text, trims tokens it already streamed, and aborts the whole request when
 one output of several matches; the driver matches them per output instead (``outputs``).
 ``include_stop_str_in_output`` is passed so TensorRT-LLM drops a matched caller stop token.
+Knobs the sampler would ignore are refused and unset ones take the engine's defaults
+(``sampling``). ``min_tokens`` holds back the end id alone in TensorRT-LLM
+(``_apply_min_length_penalty``), so a caller's stop token could still end an output early:
+``min_tokens`` with stop tokens is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from openengine_gateway.spi import (
 )
 
 from .capabilities import EngineFeatures
+from .sampling import refuse_unapplied
 
 _GUIDE_FIELDS = {
     pb.GUIDED_DECODING_MODE_JSON_SCHEMA: "json",
@@ -45,6 +50,7 @@ _REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
 _INT_HANDOFF = ("ctx_dp_rank", "schedule_style")
 _INT_LIST_HANDOFF = ("first_gen_tokens", "draft_tokens")
 _HANDOFF_KEYS = frozenset({*_INT_HANDOFF, *_INT_LIST_HANDOFF, "opaque_state", "ctx_info_endpoint", "disagg_request_id"})
+_LOCATORS = ("opaque_state", "ctx_info_endpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +82,7 @@ def plan_generation(request: GenerationRequest, features: EngineFeatures, *, pro
     return GenerationPlan(
         sampling=sampling,
         guided=guided,
-        disaggregated=disaggregated_kwargs(request, features.role),
+        disaggregated=disaggregated_kwargs(request, features),
         priority=priority,
         attention_dp_rank=_attention_dp_rank(request, features),
     )
@@ -84,7 +90,8 @@ def plan_generation(request: GenerationRequest, features: EngineFeatures, *, pro
 
 def _sampling(request: GenerationRequest, features: EngineFeatures) -> dict[str, Any]:
     given = request.sampling
-    values = given.values()
+    refuse_unapplied(given, features.sampler_knobs)
+    values = given.values(features.sampling.values)
     if given.seed is not None:
         values["seed"] = given.seed
     if not features.has_tokenizer and features.eos_token_ids:
@@ -98,6 +105,11 @@ def _stopping(request: GenerationRequest, features: EngineFeatures, prompt_len: 
         stopping = Stopping(max_tokens=1)
         request = dataclasses.replace(request, stopping=stopping)
     max_tokens = resolve_max_tokens(request, prompt_len, features.max_seq_len)
+    if stopping.min_tokens and stopping.stop_token_ids:
+        raise InvalidArgument(
+            "stopping.min_tokens with stop token ids: TensorRT-LLM holds back only the end-of-sequence token "
+            "until min_tokens, so a stop token could end the output early"
+        )
     if stopping.min_tokens > max_tokens:
         raise InvalidArgument(f"stopping.min_tokens ({stopping.min_tokens}) exceeds the output budget ({max_tokens})")
     values: dict[str, Any] = {
@@ -158,21 +170,24 @@ def trt_priority(priority: int) -> float:
     return 0.5 + 0.5 * priority / (1 + abs(priority))
 
 
-def disaggregated_kwargs(request: GenerationRequest, role: int) -> dict[str, Any] | None:
+def disaggregated_kwargs(request: GenerationRequest, features: EngineFeatures) -> dict[str, Any] | None:
     """``DisaggregatedParams`` keyword arguments: context-only on a prefill engine,
     generation-only (the prefill's handoff) on a decode engine, None when aggregated."""
-    if role == pb.ENGINE_ROLE_PREFILL:
+    if features.role == pb.ENGINE_ROLE_PREFILL:
         return {"request_type": "context_only"}
     if request.kv_session is None:
         return None
-    return handoff_params(request.kv_session)
+    return handoff_params(request.kv_session, features.handoff_fields)
 
 
-def handoff_params(session: KvSession) -> dict[str, Any]:
+def handoff_params(session: KvSession, fields: frozenset[str]) -> dict[str, Any]:
     """A prefill's ``KvSession`` back as generation-only ``DisaggregatedParams`` arguments.
 
-    TensorRT-LLM waits for the context worker on its executor loop without a timeout, so a
-    session it could not resolve is rejected here rather than stalling every request.
+    Only the ``fields`` the installed ``DisaggregatedParams`` has are passed (1.2's lacks
+    ``ctx_dp_rank``, ``ctx_info_endpoint``, ``schedule_style`` and ``disagg_request_id``, which a
+    later release's prefill may send). TensorRT-LLM waits for the context worker on its executor
+    loop without a timeout, so a session it could not resolve is rejected here rather than
+    stalling every request.
     """
     attributes = dict(session.attributes)
     unknown = sorted(set(attributes) - _HANDOFF_KEYS)
@@ -199,8 +214,10 @@ def handoff_params(session: KvSession) -> dict[str, Any]:
     endpoint = attributes.get("ctx_info_endpoint")
     if endpoint:
         params["ctx_info_endpoint"] = str(endpoint)
-    elif "opaque_state" not in params:
-        raise InvalidArgument("kv.session carries neither an opaque_state nor a ctx_info_endpoint")
+    params = {name: value for name, value in params.items() if name in fields}
+    if not any(name in params for name in _LOCATORS):
+        wanted = " or ".join(name for name in _LOCATORS if name in fields)
+        raise InvalidArgument(f"kv.session carries no {wanted} this TensorRT-LLM takes (it locates the context worker)")
     if not params.get("first_gen_tokens"):
         raise InvalidArgument("kv.session carries no first_gen_tokens (the prefill's first token)")
     return params

@@ -34,7 +34,11 @@ def trtllm(**options: Any) -> TrtllmBackend:
 
 
 def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:
-    """A Generate request from text or token ids, with this fake model's default prompt."""
+    """A Generate request from text or token ids, with this fake model's default prompt.
+
+    Greedy unless ``sampling`` is given (``sampling=None`` leaves every knob unset).
+    """
+    fields.setdefault("sampling", pb.SamplingParams(temperature=0.0))
     return generate_request(prompt, model, **fields)
 
 

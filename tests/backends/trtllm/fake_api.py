@@ -2,10 +2,12 @@
 
 Field names, defaults and the validation the driver relies on follow ``tensorrt_llm/sampling_params.py``
 (``SamplingParams`` with ``n``/``best_of`` checked in ``__post_init__``, greedy decoding refusing
-``best_of > 1``), ``disaggregated_params.py``, ``scheduling_params.py``, ``executor/request.py``
-(``LoRARequest`` checking its path) and ``llmapi/llm_args.py`` (``TorchLlmArgs``: a pydantic model
-that refuses unknown names and coerces strings). ``install`` puts them, with the fake ``LLM``, under
-TensorRT-LLM's module names for one test.
+``best_of > 1``), ``disaggregated_params.py`` (1.2's fields only: ``ctx_dp_rank``,
+``ctx_info_endpoint``, ``schedule_style`` and ``disagg_request_id`` came later and are a
+``TypeError`` here), ``scheduling_params.py``, ``executor/request.py`` (``LoRARequest`` checking its
+path) and ``llmapi/llm_args.py`` (``TorchLlmArgs``: a pydantic model that refuses unknown names and
+coerces strings; ``disable_overlap_scheduler`` off and ``sampler_type`` ``auto`` by default).
+``install`` puts them, with the fake ``LLM``, under TensorRT-LLM's module names for one test.
 """
 
 from __future__ import annotations
@@ -117,10 +119,8 @@ class DisaggregatedParams:
     ctx_request_id: int | None = None
     opaque_state: bytes | None = None
     draft_tokens: list[int] | None = None
-    disagg_request_id: int | None = None
-    ctx_dp_rank: int | None = None
-    ctx_info_endpoint: str | None = None
-    schedule_style: int | None = None
+    multimodal_embedding_handles: list[dict[str, Any]] | None = None
+    multimodal_hashes: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.request_type not in (None, "context_only", "generation_only", "context_and_generation"):
@@ -170,6 +170,8 @@ class TorchLlmArgs(_Strict):
     scheduler_config: SchedulerConfig = SchedulerConfig()
     cache_transceiver_config: CacheTransceiverConfig | None = None
     enable_chunked_prefill: bool = False
+    disable_overlap_scheduler: bool = False
+    sampler_type: Literal["TRTLLMSampler", "TorchSampler", "auto"] = "auto"
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     enable_iter_perf_stats: bool = False
     enable_lora: bool = False

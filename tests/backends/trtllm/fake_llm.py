@@ -1,16 +1,31 @@
-"""A stand-in for TensorRT-LLM 1.2's ``LLM`` that behaves as its sources say, over a tiny model.
+"""A stand-in for TensorRT-LLM 1.2.1's ``LLM`` that behaves as its sources say, over a tiny model.
 
-What the driver depends on is reproduced from ``llmapi/llm.py`` and ``executor/result.py``:
+Each behaviour names the upstream file it follows:
 
-* ``generate_async`` submits at once (prompts over ``max_num_tokens`` are refused with a
-  ``ValueError``, or the executor's ``RequestError`` as newer versions raise) and
-  returns one ``RequestOutput`` that every step mutates and yields again: token ids, text and
-  logprobs are cumulative; ``await`` runs it to the end;
-* an EOS is left out of the output; a stop token id is trimmed unless
-  ``include_stop_str_in_output`` (its logprob row is not); a context-only request stops after one
-  token and stays unfinished until a generation-only request pulls it; a generation-only output
-  starts with the context's first token, which has no logprob;
-* logprob rows are the top-k ``{token_id: Logprob(logprob, rank)}`` (the sampled token is not added);
+* ``llmapi/llm.py``: ``generate_async`` submits at once (a prompt over ``max_num_tokens`` is a
+  ``ValueError`` there, or the worker's ``RequestError`` as older proxies raised it) and returns
+  one ``RequestOutput`` that every step mutates and yields again: token ids, text and logprobs
+  are cumulative; ``await`` runs it to the end; ``args.max_seq_len`` stays None unless given;
+* ``executor/base_worker.py``: ``_enqueue_request`` wraps every failure in ``RequestError``,
+  which the proxy delivers while the result is read: a context-only request while the overlap
+  scheduler is on, an adapter that does not load, a prompt the executor's ``max_seq_len`` cannot
+  hold; a ``lora_request`` is ignored (the base model serves it) without a ``lora_config``;
+  ``max_tokens`` is cut to what the resolved ``max_seq_len`` leaves; ``abort_request`` of a
+  finished request only logs that it cannot;
+* ``_torch/pyexecutor/_util.py``, ``resource_manager.py``: the executor's ``max_seq_len`` is
+  the given one or the model's ``max_position_embeddings``, cut to what the KV pool holds;
+* ``_torch/pyexecutor/py_executor.py``: a context-only request stops after one token and is
+  final at once: its ``RequestOutput`` is finished with the handoff, while the executor keeps
+  the KV cache (``ctx_in_transmission_requests``) until a generation-only request pulls it; a
+  generation-only output starts with the context's first token, which has no logprob;
+* ``_torch/pyexecutor/sampler.py`` (``TorchSampler``, the default ``sampler_type``): greedy,
+  temperature, top-k and top-p only; penalties, ``min_p`` and the seed are ignored (one
+  generator seeded 42 serves every request); ``TRTLLMSampler`` takes the seed (its penalties
+  are accepted and not modelled here); ``min_tokens`` masks the end id alone
+  (``_apply_min_length_penalty``); a logprob row is the top-k ``{token_id: Logprob(logprob,
+  rank)}`` plus the sampled token with its rank when it falls outside them;
+* ``executor/result.py``: an EOS is left out of the output; a stop token id is trimmed unless
+  ``include_stop_str_in_output`` (its logprob row is not);
 * guided decoding is ignored unless the engine has a ``guided_decoding_backend`` (regexes, and so
   choices, are then enforced; other guides are recorded only);
 * ``get_stats_async`` / ``get_kv_cache_events_async`` return one ``IterationResult`` each that
@@ -24,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import math
 import random
 from collections import OrderedDict
@@ -44,17 +60,22 @@ PIECES = [
 ]
 EOS, BOS, SPECIAL = 1, 2, 3
 IDS = {piece: token for token, piece in enumerate(PIECES)}
-TOTAL_BLOCKS = 24
+TOTAL_BLOCKS = 64
 STEP_S = 0.0
 """Seconds one engine step takes (tests that need requests in flight raise it)."""
 CONTEXTS: dict[int, RequestOutput] = {}
-"""Context-only requests waiting for their generation side, across every fake engine."""
+"""Context-only requests whose KV cache the executor keeps for their generation side, across every fake engine."""
+OVERLAP_REFUSAL = "Context only requests are not supported in pytorch backend when overlap is enabled."
+"""``BaseWorker._enqueue_request``'s words for a context-only request under the overlap scheduler."""
 ENGINES: list[LLM] = []
 """Every fake engine started since ``install``, for tests to look into."""
 
 
 class RequestError(RuntimeError):
     """``tensorrt_llm.executor.utils.RequestError``: the executor refuses this request."""
+
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizer:
@@ -139,7 +160,6 @@ class RequestOutput:
         self._done = False
         self._aborted = False
         self._steps = 0
-        self._pulled = asyncio.Event()
         disagg = options.get("disaggregated_params")
         self._context_only = disagg is not None and disagg.request_type == "context_only"
         self._from_context = disagg.ctx_request_id if disagg is not None and not self._context_only else None
@@ -153,8 +173,10 @@ class RequestOutput:
         return self._done
 
     def abort(self) -> None:
+        if self._done:  # base_worker.abort_request: the executor no longer knows the request
+            log.warning("Request of client_id %s is finished, cannot abort it.", self.request_id)
+            return
         self._aborted = True
-        self._pulled.set()
 
     def aborted(self) -> bool:
         return self._aborted
@@ -166,8 +188,6 @@ class RequestOutput:
         if self._done:
             raise StopAsyncIteration
         await asyncio.sleep(STEP_S)
-        if self._context_only and self._steps:
-            await self._pulled.wait()
         self._step()
         return self
 
@@ -187,9 +207,6 @@ class RequestOutput:
                 output.finish_reason = output.finish_reason or "cancelled"
             self._finish(store=False)
             return
-        if self._context_only and self._steps > 1:
-            self._finish(store=False)  # pulled by the generation side
-            return
         if self._steps == 1:
             self._first_step(llm)
         for output in self._outputs:
@@ -198,34 +215,39 @@ class RequestOutput:
             if output.finish_reason is None and output.sampled >= params.max_tokens:
                 output.finish_reason = "length"
             output.text = llm.tokenizer_for_text.decode(output.token_ids, skip_special_tokens=True)
-        if self._context_only:
+        if self._context_only:  # final at the handoff; the executor keeps the KV cache
             output = self._outputs[0]
             output.disaggregated_params = DisaggregatedParams(
                 request_type="context_only",
                 first_gen_tokens=list(output.token_ids),
                 ctx_request_id=self.request_id,
                 opaque_state=b"\x00ctx-%d" % self.request_id,
-                ctx_dp_rank=0,
-                ctx_info_endpoint="tcp://ctx.invalid:5555",
             )
             CONTEXTS[self.request_id] = self
+            self._finish(store=False)
         elif all(output.finish_reason for output in self._outputs):
             self._finish(store=True)
         llm.record_stats()
 
     def _first_step(self, llm: LLM) -> None:
+        """``BaseWorker._enqueue_request``: what it refuses arrives here, as the result is read."""
+        args = llm.args
+        if self._context_only and not args.disable_overlap_scheduler and args.cache_transceiver_config:
+            raise RequestError(OVERLAP_REFUSAL)
         lora = self.options.get("lora_request")
-        if lora is not None:
-            if not llm.lora_enabled:
-                raise RuntimeError("LoRA is not enabled in this engine")
-            if not (Path(lora.lora_path) / "adapter_config.json").exists():
-                raise RuntimeError(f"failed to load LoRA adapter from {lora.lora_path}")
+        loaded = lora is None or (Path(lora.lora_path) / "adapter_config.json").exists()
+        if llm.lora_enabled and not loaded:  # without a lora_config the base model serves it
+            raise RequestError(f"failed to load LoRA adapter from {lora.lora_path}")
+        if len(self.prompt_token_ids) >= llm.max_seq_len:
+            raise RequestError(
+                f"`prompt_token_ids` length ({len(self.prompt_token_ids)}) is greater than `max_seq_len` "
+                f"({llm.max_seq_len})"
+            )
         self.cached_tokens = llm.cached_prefix(self.prompt_token_ids, self.options.get("cache_salt"))
         if self._from_context is not None:
             context = CONTEXTS.pop(self._from_context, None)
             if context is None or context.prompt_token_ids != self.prompt_token_ids:
                 raise RuntimeError(f"no context request {self._from_context} holds this prompt")
-            context._pulled.set()
             first = self.options["disaggregated_params"].first_gen_tokens
             self._outputs[0].token_ids.extend(first)  # no logprob: the context worker kept it
             self._outputs[0].sampled = len(first)
@@ -233,11 +255,9 @@ class RequestOutput:
     def _sample(self, output: CompletionOutput, params: SamplingParams) -> None:
         context = [*self.prompt_token_ids, *output.token_ids]
         lora = self.options.get("lora_request")
-        scores = logprobs(context, lora.lora_int_id if lora is not None else 0)
-        generated = output.sampled
-        banned = set(params.stop_token_ids or ()) if generated < (params.min_tokens or 0) else set()
-        if generated < (params.min_tokens or 0) and not params.ignore_eos:
-            banned.add(EOS)
+        scores = logprobs(context, lora.lora_int_id if lora is not None and self._llm.lora_enabled else 0)
+        holding = output.sampled < (params.min_tokens or 0) and not params.ignore_eos
+        banned = {EOS} if holding else set()  # the end id alone: a caller's stop token may still be sampled
         allowed = self._llm.guide_allows(params, output.text)
         candidates = [EOS, *range(SPECIAL, len(PIECES))]
         choices = [t for t in candidates if t not in banned and allowed(t)] or [EOS]
@@ -245,8 +265,10 @@ class RequestOutput:
         output.sampled += 1
         output.token_ids.append(token)
         if params.logprobs:
-            ranked = sorted(range(len(scores)), key=lambda t: (-scores[t], t))[: params.logprobs]
-            output.logprobs.append({t: Logprob(scores[t], rank) for rank, t in enumerate(ranked, start=1)})
+            ranked = sorted(range(len(scores)), key=lambda t: (-scores[t], t))
+            row = {t: Logprob(scores[t], rank) for rank, t in enumerate(ranked[: params.logprobs], start=1)}
+            row.setdefault(token, Logprob(scores[token], ranked.index(token) + 1))
+            output.logprobs.append(row)
         if token == EOS and not params.ignore_eos:
             output.token_ids.pop()  # the executor leaves the end id out, with its logprob
             if params.logprobs:
@@ -260,7 +282,9 @@ class RequestOutput:
     def _choose(self, choices: list[int], scores: list[float], params: SamplingParams, output: CompletionOutput) -> int:
         if params._greedy_decoding:
             return max(choices, key=lambda t: (scores[t], -t))
-        rng = random.Random(hash((params.seed or self.request_id, output.index, output.sampled)))
+        rng = self._llm.generator
+        if self._llm.args.sampler_type == "TRTLLMSampler" and params.seed is not None:
+            rng = random.Random(hash((params.seed, output.index, output.sampled)))
         temperature = params.temperature or 1.0
         weights = [math.exp(scores[t] / temperature) for t in choices]
         return rng.choices(choices, weights)[0]
@@ -275,7 +299,8 @@ class LLM:
     """``tensorrt_llm.LLM`` (PyTorch backend), its constructor and methods the driver calls."""
 
     refusal: type[Exception] = ValueError
-    """How submission refuses a request: 1.2's ``ValueError``, or newer versions' ``RequestError``."""
+    """How submission refuses an over-long prompt: ``llm.py``'s ``ValueError``, or the worker's
+    ``RequestError`` as proxies that wait for the enqueue (``executor/proxy.py``) raise it."""
 
     def __init__(
         self,
@@ -300,6 +325,9 @@ class LLM:
         self.tokenizer_for_text = Tokenizer()
         self.tokenizer: Tokenizer | None = None if skip_tokenizer_init else self.tokenizer_for_text
         self._hf_model_config = type("Config", (), {"max_position_embeddings": 256, "eos_token_id": EOS})()
+        self._hf_model_dir = Path(model)
+        self.generator = random.Random(42)
+        """``TorchSampler``'s one generator: every request draws from it, in step order."""
         self.submitted: list[RequestOutput] = []
         self._ids = itertools.count(1)
         self._stats = IterationResult()
@@ -313,7 +341,14 @@ class LLM:
 
     @property
     def lora_enabled(self) -> bool:
-        return self.args.enable_lora or self.args.lora_config is not None
+        """``BaseWorker`` builds its LoRA manager only for a ``lora_config`` (``enable_lora`` is the TRT backend's)."""
+        return self.args.lora_config is not None
+
+    @property
+    def max_seq_len(self) -> int:
+        """The executor's resolved ``max_seq_len`` (not ``args.max_seq_len``, None unless given)."""
+        configured = self.args.max_seq_len or self._hf_model_config.max_position_embeddings
+        return min(configured, TOTAL_BLOCKS * self.args.kv_cache_config.tokens_per_block)
 
     def generate_async(
         self,
@@ -351,6 +386,7 @@ class LLM:
             raise self.refusal(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")
         if (params.best_of or 1) > (self.args.max_batch_size or 1):
             raise ValueError("sampling_params.n cannot exceed max_batch_size")
+        params.max_tokens = min(params.max_tokens, max(self.max_seq_len - len(prompt), 1))  # _deduce_max_tokens
         handle = RequestOutput(self, next(self._ids), prompt, params, **options)
         self.submitted.append(handle)
         self._stats.mark_undone()

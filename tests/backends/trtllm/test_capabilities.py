@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from openengine_backends.trtllm.capabilities import (
+    HANDOFF_FIELDS_1_2,
     EngineFeatures,
     engine_features,
     kv_connector,
@@ -14,6 +15,7 @@ from openengine_backends.trtllm.capabilities import (
     model_info,
     parallelism,
 )
+from openengine_backends.trtllm.sampling import TORCH_SAMPLER_KNOBS, TRTLLM_SAMPLER_KNOBS
 from openengine_gateway import pb
 from openengine_gateway.contract.capabilities import check_model_info
 
@@ -54,8 +56,17 @@ def llm(accepts_priority: bool = False, **args: Any) -> SimpleNamespace:
     )
 
 
-def features(engine: SimpleNamespace, stats: Any = STATS, role: str = "aggregated") -> EngineFeatures:
-    return engine_features(engine, stats=stats, role=role, max_top_logprobs=20)
+def features(
+    engine: SimpleNamespace, stats: Any = STATS, role: str = "aggregated", generation_config: Any = None
+) -> EngineFeatures:
+    return engine_features(
+        engine,
+        stats=stats,
+        role=role,
+        max_top_logprobs=20,
+        handoff_fields=HANDOFF_FIELDS_1_2,
+        generation_config=generation_config or {},
+    )
 
 
 def test_the_started_engine_is_read_off_its_arguments_statistics_and_signature() -> None:
@@ -72,6 +83,35 @@ def test_the_started_engine_is_read_off_its_arguments_statistics_and_signature()
     assert without_stats.total_kv_blocks is None
 
 
+def test_the_context_length_is_what_the_executor_enforces_not_the_model_config() -> None:
+    """``args.max_seq_len`` stays None unless given; the executor's KV cache manager cuts it to the pool."""
+    small_pool = {**STATS, "kvCacheStats": {"maxNumBlocks": 10, "tokensPerBlock": 32}}
+    assert features(llm(), stats=small_pool).max_seq_len == 320
+    assert features(llm(max_seq_len=256), stats=small_pool).max_seq_len == 256
+    assert model_info(features(llm(), stats=small_pool), "m").max_context_length == 320
+
+
+def test_lora_is_advertised_only_with_a_lora_config() -> None:
+    """Without ``lora_config`` TensorRT-LLM's worker ignores a ``lora_request`` (``enable_lora`` is for TRT engines)."""
+    assert not features(llm(enable_lora=True)).lora
+    assert features(llm(lora_config=SimpleNamespace(max_loras=2))).lora
+
+
+def test_the_sampler_decides_which_knobs_apply_and_the_defaults() -> None:
+    assert features(llm()).sampler_knobs == TORCH_SAMPLER_KNOBS
+    assert features(llm(sampler_type="TRTLLMSampler")).sampler_knobs == TRTLLM_SAMPLER_KNOBS
+    speculative = llm(sampler_type="TRTLLMSampler", speculative_config=SimpleNamespace(decoding_type="Eagle"))
+    assert features(speculative).sampler_knobs == TORCH_SAMPLER_KNOBS
+    config = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1}
+    torch = features(llm(), generation_config=config).sampling
+    assert torch.values == {"temperature": 0.6, "top_p": 0.9, "top_k": 0} and torch.dropped == {
+        "repetition_penalty": 1.1
+    }
+    applied = features(llm(sampler_type="TRTLLMSampler"), generation_config=config).sampling
+    assert applied.values == {"temperature": 0.6, "top_p": 0.9, "top_k": 0, "repetition_penalty": 1.1}
+    assert not applied.dropped
+
+
 def test_speculative_decoding_offers_only_the_sampled_tokens_logprob() -> None:
     """TensorRT-LLM's speculative samplers refuse more than one logprob per token."""
     assert features(llm()).max_top_logprobs == 20
@@ -86,7 +126,7 @@ def test_priority_is_advertised_only_when_taken_and_scheduled_by() -> None:
 
 
 def test_model_info_tells_the_truth_and_passes_the_contracts_checks() -> None:
-    info = model_info(features(llm(guided_decoding_backend="llguidance", enable_lora=True)), "/models/m")
+    info = model_info(features(llm(guided_decoding_backend="llguidance", lora_config=SimpleNamespace())), "/models/m")
     check_model_info(info)
     assert (info.max_context_length, info.kv_block_size, info.total_kv_blocks) == (2048, 32, 100)
     generation = info.generation
@@ -113,19 +153,23 @@ def test_attention_dp_ranks_and_disaggregation_roles() -> None:
     transceiver = SimpleNamespace(backend="NIXL")
     prefill = features(llm(cache_transceiver_config=transceiver), role="prefill")
     connector = kv_connector(prefill)
-    assert connector is not None and connector.transfer_backend == "nixl" and connector.supports_abort_cleanup
+    assert connector is not None and connector.transfer_backend == "nixl"
+    # TensorRT-LLM 1.2.1 finishes a prefill at its handoff and keeps its KV cache where no call reaches it.
+    assert connector.HasField("supports_abort_cleanup") and not connector.supports_abort_cleanup
     decode = kv_connector(dataclasses.replace(prefill, role=pb.ENGINE_ROLE_DECODE))
     assert decode is not None and decode.supports_decode_pull and not decode.supports_abort_cleanup
     assert kv_connector(features(llm())) is None
 
 
 def test_load_reads_the_latest_statistics_and_zeroes_an_idle_engine() -> None:
-    busy = load_info(STATS, in_flight=2, held_sessions=None, total_blocks=100, timestamp_ns=5)
+    busy = load_info(STATS, in_flight=2, total_blocks=100, timestamp_ns=5)
     assert (busy.running_requests, busy.queued_requests, busy.used_kv_blocks, busy.total_kv_blocks) == (3, 3, 40, 100)
     assert (busy.prefill_batch_size, busy.decode_batch_size, busy.timestamp_unix_nanos) == (1, 2, 5)
     assert not busy.HasField("active_kv_sessions")
-    idle = load_info(STATS, in_flight=0, held_sessions=0, total_blocks=100, timestamp_ns=9)
+    idle = load_info(STATS, in_flight=0, total_blocks=100, timestamp_ns=9)
     assert (idle.running_requests, idle.queued_requests, idle.used_kv_blocks) == (0, 0, 0)
-    assert idle.HasField("active_kv_sessions") and idle.active_kv_sessions == 0
-    unknown = load_info(None, in_flight=1, held_sessions=None, total_blocks=None, timestamp_ns=1)
+    assert not idle.HasField("active_kv_sessions"), "the driver holds no KV session: their count is unknown"
+    prefill = load_info(STATS, in_flight=0, total_blocks=100, timestamp_ns=9, kv_outlives_requests=True)
+    assert prefill.running_requests == 0 and not prefill.HasField("used_kv_blocks")
+    unknown = load_info(None, in_flight=1, total_blocks=None, timestamp_ns=1)
     assert not unknown.HasField("running_requests") and not unknown.HasField("total_kv_blocks")

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 import regex
+from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings
 from openengine_backends.trtllm.mapping import trt_priority
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
@@ -50,7 +51,7 @@ async def rejected(running: object, message: pb.GenerateRequest) -> grpc.StatusC
 
 async def test_text_and_token_prompts_stream_the_greedy_deltas() -> None:
     async with serving(trtllm()) as running:
-        by_text = await collect(running.stub, request("The fox", stopping=STOP(max_tokens=8), sampling=None))
+        by_text = await collect(running.stub, request("The fox", stopping=STOP(max_tokens=8)))
         by_ids = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=8)))
     expected = greedy(PROMPT, 8)
     assert token_ids(by_text) == token_ids(by_ids) == expected
@@ -64,6 +65,34 @@ async def test_without_max_tokens_the_budget_is_the_rest_of_the_context(fake: In
         responses = await collect(running.stub, request(PROMPT, stopping=STOP(ignore_eos=True)))
     assert len(token_ids(responses)) == 40 - len(PROMPT)
     assert fake.llm_class is fake_llm.LLM
+
+
+async def test_the_advertised_context_is_what_the_executor_enforces(fake: Installed) -> None:
+    """``args.max_seq_len`` stays None; the executor cuts the model's 256 positions to its KV pool (64 x 2)."""
+    async with serving(trtllm(kv_cache_config={"tokens_per_block": 2})) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        responses = await collect(running.stub, request(PROMPT, stopping=STOP(ignore_eos=True)))
+        over = await rejected(running, request([3 + n % 70 for n in range(128)], stopping=STOP(max_tokens=1)))
+    engine = fake.engines[-1]
+    assert engine.args.max_seq_len is None and info.max_context_length == engine.max_seq_len == 128
+    assert len(token_ids(responses)) == 128 - len(PROMPT)
+    assert over == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_refusal_tensorrt_llm_reports_while_the_result_is_read_is_still_a_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1.2.1's worker wraps an enqueue failure in ``RequestError``, read with the result before any output."""
+    async with serving(trtllm()) as running:
+        monkeypatch.setattr(fake_llm.LLM, "max_seq_len", property(lambda _: 4))  # the executor's own, tighter limit
+        too_long = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
+
+        def wedged(self: fake_llm.RequestOutput, llm: fake_llm.LLM) -> None:
+            raise fake_llm.RequestError("the executor is wedged")
+
+        monkeypatch.setattr(fake_llm.RequestOutput, "_first_step", wedged)
+        internal = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
+    assert too_long == grpc.StatusCode.INVALID_ARGUMENT and internal == grpc.StatusCode.INTERNAL
 
 
 async def test_eos_ends_the_output_as_a_record_without_text() -> None:
@@ -108,18 +137,84 @@ async def test_stop_strings_are_matched_by_the_driver_and_the_engine_stops(fake:
     assert [handle.aborted() for handle in submitted[1:]] == [True, True]  # stopped once the string matched
 
 
-async def test_seeded_outputs_repeat_and_several_outputs_are_one_request_each() -> None:
+async def test_several_outputs_are_one_request_each() -> None:
     """TensorRT-LLM finishes an output only with its whole request (result.py): one output a request."""
-    sampling = pb.SamplingParams(temperature=1.0, seed=11)
     async with serving(trtllm()) as running:
         info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
-        first = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
-        again = await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
         several = pb.SamplingParams(num_sequences=2, temperature=1.0)
         code = await rejected(running, request(PROMPT, sampling=several, stopping=STOP(max_tokens=5)))
     assert info.generation.max_num_sequences == 1
-    assert token_ids(first, 0) == token_ids(again, 0)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [{"seed": 11}, {"min_p": 0.2}, {"repetition_penalty": 1.3}, {"presence_penalty": 0.4}, {"frequency_penalty": 0.4}],
+    ids=lambda knob: next(iter(knob)),
+)
+async def test_knobs_torch_sampler_ignores_are_refused_and_the_trtllm_sampler_takes_them(
+    fake: Installed, knob: dict[str, float]
+) -> None:
+    """``TorchSampler`` (the default) draws every request from one generator seeded 42 and applies no penalty."""
+    sampling = pb.SamplingParams(temperature=1.0, **knob)
+    async with serving(trtllm()) as running:
+        code = await rejected(running, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+    async with serving(trtllm(sampler_type="TRTLLMSampler")) as running:
+        runs = [
+            await collect(running.stub, request(PROMPT, sampling=sampling, stopping=STOP(max_tokens=5)))
+            for _ in range(2)
+        ]
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    submitted = fake.engines[-1].submitted[-1].sampling_params
+    assert getattr(submitted, next(iter(knob))) == pytest.approx(next(iter(knob.values())))
+    if "seed" in knob:
+        assert token_ids(runs[0]) == token_ids(runs[1])
+
+
+async def test_a_request_without_knobs_samples_at_temperature_one_with_the_models_defaults(
+    fake: Installed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TensorRT-LLM decodes greedily with no knob set; vLLM and SGLang apply the generation config, else T=1."""
+    async with serving(trtllm()) as plain:
+        await collect(plain.stub, request(PROMPT, sampling=None, stopping=STOP(max_tokens=3)))
+    neutral = fake.engines[-1].submitted[-1].sampling_params
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.5, "top_k": 7, "repetition_penalty": 1.2}')
+    with caplog.at_level("WARNING", logger="openengine_backends.trtllm.engine"):
+        async with serving(TrtllmBackend(TrtllmSettings(model=str(tmp_path)))) as model:
+            await collect(model.stub, request(PROMPT, sampling=None, stopping=STOP(max_tokens=3)))
+            await collect(model.stub, request(PROMPT, sampling=pb.SamplingParams(top_k=3), stopping=STOP(max_tokens=3)))
+    defaults, given = (handle.sampling_params for handle in fake.engines[-1].submitted[-2:])
+    assert (neutral.temperature, neutral.top_p, neutral.top_k) == (1.0, 1.0, 0) and not neutral._greedy_decoding
+    assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repetition_penalty) == (0.5, 1.0, 7, None)
+    assert (given.temperature, given.top_k) == (0.5, 3)
+    dropped = [r for r in caplog.records if "generation-config defaults" in r.getMessage()]
+    assert len(dropped) == 1 and "repetition_penalty" in dropped[0].getMessage()
+
+
+async def test_min_tokens_with_a_stop_token_is_refused() -> None:
+    """TensorRT-LLM holds back only EOS until ``min_tokens`` (``_apply_min_length_penalty``)."""
+    condition = pb.StopCondition(stop_token_id=greedy(PROMPT, 1)[0])
+    async with serving(trtllm()) as running:
+        both = request(PROMPT, stopping=STOP(max_tokens=6, min_tokens=3, conditions=[condition]))
+        code = await rejected(running, both)
+        held = await collect(running.stub, request("Hi.", stopping=STOP(max_tokens=6, min_tokens=3)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(token_ids(held)) >= 3 and fake_llm.EOS not in token_ids(held)[:3]
+
+
+async def test_a_sampled_token_outside_the_top_k_keeps_its_logprob_and_rank_and_candidates_stay_top_n() -> None:
+    """``TorchSampler`` adds the sampled token to its row, with its rank, when it falls outside the top-k."""
+    wanted = pb.ResponseOptions(return_output_logprobs=True, output_candidates=pb.CandidateTokenSelection(top_n=1))
+    hot = pb.SamplingParams(temperature=5.0)
+    async with serving(trtllm()) as running:
+        responses = await collect(
+            running.stub, request(PROMPT, sampling=hot, stopping=STOP(max_tokens=12, ignore_eos=True), response=wanted)
+        )
+    records = [t for r in responses if r.HasField("token") for t in r.token.tokens]
+    assert len(records) == 12 and all(t.HasField("logprob") and t.HasField("rank") for t in records)
+    assert all(len(t.candidates) == 1 and t.candidates[0].rank == 1 for t in records)
+    outside = [t for t in records if t.rank > 1]
+    assert outside and all(t.candidates[0].token_id != t.token_id for t in outside)
 
 
 async def test_guidance_is_refused_without_a_grammar_backend_and_enforced_with_one(fake: Installed) -> None:
@@ -182,17 +277,25 @@ async def test_a_data_parallel_rank_pins_an_attention_dp_request(fake: Installed
 
 
 async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id(tmp_path: Path) -> None:
-    good, other, bad = tmp_path / "good", tmp_path / "other", tmp_path / "bad"
-    for directory in (good, other, bad):
+    good, other, bad, gone = tmp_path / "good", tmp_path / "other", tmp_path / "bad", tmp_path / "gone"
+    for directory in (good, other, bad, gone):
         directory.mkdir()
-    (good / "adapter_config.json").write_text("{}")
-    (other / "adapter_config.json").write_text("{}")
+    for directory in (good, other, gone):
+        (directory / "adapter_config.json").write_text("{}")
     adapter = pb.LoraAdapter(lora_id=5, lora_name="good", source_path=str(good))
-    async with serving(trtllm()) as disabled:
-        with pytest.raises(grpc.aio.AioRpcError) as off:
-            await disabled.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
-    assert off.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    async with serving(trtllm(enable_lora=True)) as running:
+    for options in ({}, {"enable_lora": True}):  # without a lora_config TensorRT-LLM serves the base model
+        async with serving(trtllm(**options)) as disabled:
+            info = await disabled.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+            with pytest.raises(grpc.aio.AioRpcError) as off:
+                await disabled.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
+        assert not info.supports_lora and off.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    async with serving(trtllm(lora_config={"max_loras": 2})) as running:
+        await running.stub.LoadLora(
+            pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=7, lora_name="gone", source_path=str(gone)))
+        )
+        (gone / "adapter_config.json").unlink()
+        gone.rmdir()
+        vanished = await rejected(running, request(PROMPT, lora_name="gone"))
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
         tuned = await collect(running.stub, request(PROMPT, lora_name="good", stopping=STOP(max_tokens=6)))
         with pytest.raises(grpc.aio.AioRpcError) as broken:
@@ -206,6 +309,7 @@ async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id
                 pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=5, lora_name="other", source_path=str(other)))
             )
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))  # the same adapter again is fine
+    assert vanished == grpc.StatusCode.FAILED_PRECONDITION
     assert token_ids(tuned) == greedy(PROMPT, 6, lora_id=5) != greedy(PROMPT, 6)
     assert broken.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "failed to load" in broken.value.details()
     assert gone == grpc.StatusCode.NOT_FOUND
@@ -259,30 +363,39 @@ async def test_kv_events_are_published_without_partial_blocks() -> None:
     assert all(h.encoding == "int64" and len(h.value) == 8 for h in event.block_stored.block_hashes)
 
 
-async def test_prefill_and_decode_engines_hand_off_through_a_kv_session() -> None:
+async def test_prefill_and_decode_engines_hand_off_through_a_kv_session(fake: Installed) -> None:
+    """TensorRT-LLM 1.2.1 finishes a context-only request at its handoff; its executor keeps the KV cache."""
     transceiver = {"cache_transceiver_config": {"backend": "UCX"}}
     async with (
         serving(trtllm(role="prefill", **transceiver)) as prefill,
         serving(trtllm(role="decode", **transceiver)) as decode,
     ):
+        engine_info = await prefill.stub.GetEngineInfo(pb.GetEngineInfoRequest())
         ready = await collect(prefill.stub, request(PROMPT, stopping=STOP(max_tokens=5)))
         session = ready[-1].prefill_ready.kv_session
-        held = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
+        load = await prefill.stub.GetLoad(pb.GetLoadRequest())
+        aborted = await prefill.stub.Abort(pb.AbortRequest(kv_session=session))
         resumed = request(PROMPT, stopping=STOP(max_tokens=5), response=pb.ResponseOptions(return_output_logprobs=True))
         resumed.kv.session.CopyFrom(session)
+        # what a later release's prefill adds, which 1.2's DisaggregatedParams does not take
+        resumed.kv.session.attributes_struct.update({"ctx_dp_rank": 0, "schedule_style": 1})
         decoded = await collect(decode.stub, resumed)
-        other = (await collect(prefill.stub, request(PROMPT, stopping=STOP(max_tokens=5))))[-1].prefill_ready.kv_session
-        aborted = await prefill.stub.Abort(pb.AbortRequest(kv_session=other))
-        for _ in range(50):
-            left = (await prefill.stub.GetLoad(pb.GetLoadRequest())).active_kv_sessions
-            if not left:
-                break
-            await asyncio.sleep(0.01)
+    context_engine = fake.engines[0]
+    assert context_engine.args.disable_overlap_scheduler, "forced: 1.2 refuses context-only requests under overlap"
+    assert not engine_info.kv_connector.supports_abort_cleanup
+    assert context_engine.submitted[-1].finished and not context_engine.submitted[-1].aborted()
     assert session.transfer_backend == "ucx" and session.attributes_struct["first_gen_tokens"]
-    assert held == 1 and aborted.status == pb.ABORT_STATUS_ABORTED and left == 0
+    assert not load.HasField("active_kv_sessions") and aborted.status == pb.ABORT_STATUS_ALREADY_FINISHED
     records = [t for r in decoded if r.HasField("token") for t in r.token.tokens]
     assert [t.token_id for t in records] == greedy(PROMPT, 5)
     assert not records[0].HasField("logprob") and all(t.HasField("logprob") for t in records[1:])
+
+
+async def test_a_prefill_engine_with_the_overlap_scheduler_on_is_refused_at_start() -> None:
+    options = {"role": "prefill", "cache_transceiver_config": {"backend": "UCX"}}
+    for value in (False, "false"):
+        with pytest.raises(ConfigError, match="disable_overlap_scheduler=true"):
+            await trtllm(disable_overlap_scheduler=value, **options).start()
 
 
 async def test_an_engine_without_a_tokenizer_takes_token_ids_only() -> None:

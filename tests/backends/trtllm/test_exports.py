@@ -7,7 +7,18 @@ import inspect
 
 import pytest
 
-MODULES = ["capabilities", "engine", "kv_events", "llm_args", "mapping", "outputs", "sessions", "settings"]
+MODULES = [
+    "capabilities",
+    "engine",
+    "generation_config",
+    "kv_events",
+    "llm_args",
+    "mapping",
+    "outputs",
+    "refusals",
+    "sampling",
+    "settings",
+]
 
 
 @pytest.mark.parametrize("name", [f"openengine_backends.trtllm.{m}" for m in MODULES])

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from openengine_backends.trtllm.capabilities import EngineFeatures
+from openengine_backends.trtllm.capabilities import HANDOFF_FIELDS_1_2, EngineFeatures
 from openengine_backends.trtllm.mapping import (
     choice_regex,
     guided_kwargs,
@@ -18,6 +18,7 @@ from openengine_backends.trtllm.mapping import (
     prefill_session,
     trt_priority,
 )
+from openengine_backends.trtllm.sampling import TORCH_SAMPLER_KNOBS, TRTLLM_SAMPLER_KNOBS, sampling_defaults
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import (
@@ -31,6 +32,9 @@ from openengine_gateway.spi import (
 )
 
 FEATURES = EngineFeatures(max_seq_len=64, max_batch_size=8, guided_backend="xgrammar", eos_token_ids=(2,))
+TRTLLM_SAMPLER = dataclasses.replace(FEATURES, sampler_knobs=TRTLLM_SAMPLER_KNOBS)
+LATER_HANDOFF = HANDOFF_FIELDS_1_2 | {"ctx_dp_rank", "ctx_info_endpoint", "schedule_style", "disagg_request_id"}
+"""The ``DisaggregatedParams`` fields of a release after 1.2."""
 TOP_N = pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N
 
 
@@ -38,9 +42,9 @@ def request(**fields: Any) -> GenerationRequest:
     return GenerationRequest(request_id="r", model="m", prompt_token_ids=[5, 6, 7], **fields)
 
 
-def test_sampling_knobs_pass_through() -> None:
+def test_sampling_knobs_pass_through_to_a_sampler_that_applies_them() -> None:
     sampling = Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.1, seed=3, repetition_penalty=1.1)
-    plan = plan_generation(request(sampling=sampling), FEATURES, prompt_len=3)
+    plan = plan_generation(request(sampling=sampling), TRTLLM_SAMPLER, prompt_len=3)
     assert plan.sampling == {
         "temperature": 0.7,
         "top_p": 0.9,
@@ -52,6 +56,51 @@ def test_sampling_knobs_pass_through() -> None:
         "ignore_eos": False,
         "include_stop_str_in_output": False,
     }
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [{"min_p": 0.1}, {"seed": 3}, {"repetition_penalty": 1.1}, {"presence_penalty": 0.5}, {"frequency_penalty": -1.0}],
+    ids=lambda knob: next(iter(knob)),
+)
+def test_knobs_torch_sampler_ignores_are_refused(knob: dict[str, Any]) -> None:
+    """TensorRT-LLM 1.2's ``TorchSampler`` reads temperature, top-k and top-p only (``sampler.py``)."""
+    assert FEATURES.sampler_knobs == TORCH_SAMPLER_KNOBS
+    with pytest.raises(InvalidArgument, match=f"sampling.{next(iter(knob))}.*TRTLLMSampler"):
+        plan_generation(request(sampling=Sampling(**knob)), FEATURES, prompt_len=3)
+
+
+def test_neutral_values_of_ignored_knobs_are_accepted() -> None:
+    neutral = Sampling(min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    sampling = plan_generation(request(sampling=neutral), FEATURES, prompt_len=3).sampling
+    assert (sampling["min_p"], sampling["repetition_penalty"]) == (0.0, 1.0)
+
+
+def test_unset_knobs_sample_at_temperature_one_not_greedily() -> None:
+    """TensorRT-LLM decodes greedily when nothing is set; vLLM and SGLang sample at temperature 1."""
+    plan = plan_generation(request(), FEATURES, prompt_len=3)
+    assert (plan.sampling["temperature"], plan.sampling["top_p"], plan.sampling["top_k"]) == (1.0, 1.0, 0)
+    greedy = plan_generation(request(sampling=Sampling(temperature=0.0)), FEATURES, prompt_len=3)
+    assert greedy.sampling["temperature"] == 0.0
+
+
+def test_unset_knobs_take_the_models_generation_config_defaults_the_sampler_applies() -> None:
+    config = {"temperature": 0.6, "top_k": 20, "repetition_penalty": 1.05}
+    model = dataclasses.replace(FEATURES, sampling=sampling_defaults(config, TORCH_SAMPLER_KNOBS))
+    plan = plan_generation(request(sampling=Sampling(top_k=5)), model, prompt_len=3)
+    assert (plan.sampling["temperature"], plan.sampling["top_p"], plan.sampling["top_k"]) == (0.6, 1.0, 5)
+    assert "repetition_penalty" not in plan.sampling, "a default TorchSampler cannot apply is dropped, not refused"
+
+
+def test_min_tokens_with_stop_tokens_is_refused() -> None:
+    """TensorRT-LLM's ``_apply_min_length_penalty`` masks the end id alone: a stop token could end it early."""
+    both = Stopping(max_tokens=8, min_tokens=3, stop_token_ids=(9,))
+    with pytest.raises(InvalidArgument, match="min_tokens with stop token ids"):
+        plan_generation(request(stopping=both), FEATURES, prompt_len=3)
+    alone = plan_generation(request(stopping=Stopping(max_tokens=8, min_tokens=3)), FEATURES, prompt_len=3)
+    assert alone.sampling["min_tokens"] == 3
+    prefill = dataclasses.replace(FEATURES, role=pb.ENGINE_ROLE_PREFILL)
+    assert plan_generation(request(stopping=both), prefill, prompt_len=3).sampling["max_tokens"] == 1
 
 
 def test_max_tokens_is_always_set_and_fits_the_context() -> None:
@@ -169,7 +218,7 @@ def test_the_handoff_survives_the_wire_types_preserved() -> None:
     session = prefill_session(handoff(), transfer_backend="ucx")
     assert session.session_id == str(2**60 + 7) and session.dp_rank == 1
     assert session.endpoints[0].host == "ctx.example" and session.endpoints[0].port == 5555
-    params = handoff_params(struct_round_trip(session))
+    params = handoff_params(struct_round_trip(session), LATER_HANDOFF)
     assert params == {
         "request_type": "generation_only",
         "ctx_request_id": 2**60 + 7,
@@ -181,30 +230,47 @@ def test_the_handoff_survives_the_wire_types_preserved() -> None:
     }
     plan = plan_generation(
         request(kv_session=struct_round_trip(session)),
-        dataclasses.replace(FEATURES, role=pb.ENGINE_ROLE_DECODE),
+        dataclasses.replace(FEATURES, role=pb.ENGINE_ROLE_DECODE, handoff_fields=LATER_HANDOFF),
         prompt_len=3,
     )
     assert plan.disaggregated == params
 
 
+def test_tensorrt_llm_1_2_gets_only_the_handoff_fields_its_class_has() -> None:
+    """1.2's ``DisaggregatedParams`` has no ``ctx_dp_rank``, ``ctx_info_endpoint``, ``schedule_style``,
+    ``disagg_request_id``: passing one is a ``TypeError``."""
+    later = struct_round_trip(prefill_session(handoff(schedule_style=1), transfer_backend="ucx"))
+    params = handoff_params(later, HANDOFF_FIELDS_1_2)
+    assert params == {
+        "request_type": "generation_only",
+        "ctx_request_id": 2**60 + 7,
+        "first_gen_tokens": [42],
+        "opaque_state": b"\x00\xffstate",
+    }
+    endpoint_only = dataclasses.replace(later, attributes={**later.attributes, "opaque_state": ""})
+    with pytest.raises(InvalidArgument, match="no opaque_state this TensorRT-LLM takes"):
+        handoff_params(endpoint_only, HANDOFF_FIELDS_1_2)
+
+
 def test_a_context_rank_is_passed_only_when_known() -> None:
     unranked = prefill_session(handoff(ctx_dp_rank=None), transfer_backend="ucx")
-    assert "ctx_dp_rank" not in handoff_params(struct_round_trip(unranked))
+    assert "ctx_dp_rank" not in handoff_params(struct_round_trip(unranked), LATER_HANDOFF)
     explicit_zero = prefill_session(handoff(ctx_dp_rank=0), transfer_backend="ucx")
-    assert handoff_params(struct_round_trip(explicit_zero))["ctx_dp_rank"] == 0  # reported: kept
+    assert handoff_params(struct_round_trip(explicit_zero), LATER_HANDOFF)["ctx_dp_rank"] == 0  # reported: kept
     by_ref = dataclasses.replace(struct_round_trip(unranked), dp_rank=3)  # a KvSessionRef naming its rank
-    assert handoff_params(by_ref)["ctx_dp_rank"] == 3
+    assert handoff_params(by_ref, LATER_HANDOFF)["ctx_dp_rank"] == 3
 
 
 def test_a_session_tensorrt_llm_could_not_resolve_is_refused() -> None:
     state = base64.b64encode(b"s").decode()
+    fields = LATER_HANDOFF
     with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
-        handoff_params(KvSession("not-a-number", attributes={"opaque_state": state, "first_gen_tokens": [1.0]}))
-    with pytest.raises(InvalidArgument, match="neither an opaque_state nor a ctx_info_endpoint"):
-        handoff_params(KvSession("5", attributes={"first_gen_tokens": [1.0]}))
+        handoff_params(KvSession("not-a-number", attributes={"opaque_state": state, "first_gen_tokens": [1.0]}), fields)
+    with pytest.raises(InvalidArgument, match="no opaque_state or ctx_info_endpoint"):
+        handoff_params(KvSession("5", attributes={"first_gen_tokens": [1.0]}), fields)
     with pytest.raises(InvalidArgument, match="no first_gen_tokens"):
-        handoff_params(KvSession("5", attributes={"opaque_state": state}))
+        handoff_params(KvSession("5", attributes={"opaque_state": state}), fields)
     with pytest.raises(InvalidArgument, match="does not take: kv_transfer_params"):
-        handoff_params(KvSession("5", attributes={"kv_transfer_params": {}}))
+        handoff_params(KvSession("5", attributes={"kv_transfer_params": {}}), fields)
     with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
-        handoff_params(KvSession("5", attributes={"opaque_state": "!!", "first_gen_tokens": [1.0]}))
+        handoff_params(KvSession("5", attributes={"opaque_state": "!!", "first_gen_tokens": [1.0]}), fields)

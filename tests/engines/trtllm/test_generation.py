@@ -92,16 +92,26 @@ async def test_stop_tokens_and_strings(stub: pb.OpenEngineStub, llm: Any) -> Non
     assert finished(by_text)[0].stop_match.stop_text == stop_text
 
 
-async def test_seeded_outputs_repeat(stub: pb.OpenEngineStub) -> None:
-    sampling = pb.SamplingParams(temperature=1.0, seed=7, num_sequences=2)
-    runs = [
-        await collect(stub, generate_request(f"seeded-{n}", prompt=PROMPT, sampling=sampling, stopping=no_eos(8)))
-        for n in range(2)
-    ]
-    assert sorted(finished(runs[0])) == [0, 1]
-    assert [[t.token_id for t in tokens(runs[0], i)] for i in range(2)] == [
-        [t.token_id for t in tokens(runs[1], i)] for i in range(2)
-    ]
+@pytest.mark.parametrize(
+    "knob",
+    [{"seed": 7}, {"min_p": 0.1}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5}, {"frequency_penalty": 0.5}],
+    ids=lambda knob: next(iter(knob)),
+)
+async def test_knobs_the_torch_sampler_ignores_are_refused(stub: pb.OpenEngineStub, knob: dict[str, float]) -> None:
+    """The session's engine samples with TorchSampler (the default), which applies none of these."""
+    sampling = pb.SamplingParams(temperature=1.0, **knob)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await collect(stub, generate_request("knob", prompt=PROMPT, sampling=sampling, stopping=no_eos(4)))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and next(iter(knob)) in refused.value.details()
+
+
+async def test_a_request_without_knobs_samples_rather_than_decoding_greedily(stub: pb.OpenEngineStub, llm: Any) -> None:
+    """TensorRT-LLM alone decodes greedily; the driver sets temperature 1 (the tiny model has no generation config)."""
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    greedy = (await own(llm, prompt_ids, temperature=0.0, max_tokens=24, ignore_eos=True)).outputs[0].token_ids
+    requests = [generate_request(f"free-{n}", prompt=PROMPT, stopping=no_eos(24)) for n in range(3)]
+    runs = [[t.token_id for t in tokens(await collect(stub, request))] for request in requests]
+    assert any(run != greedy for run in runs)
 
 
 @pytest.mark.parametrize(
