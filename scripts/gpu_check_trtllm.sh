@@ -2,13 +2,22 @@
 # Run the TensorRT-LLM engine tests against the real engine on a GPU machine.
 #
 #   bash scripts/gpu_check_trtllm.sh            # from the repository root
+#   bash scripts/gpu_check_trtllm.sh -k refused # extra arguments go to pytest
 #
 # Creates .venv-trtllm (kept between runs) with a Python TensorRT-LLM publishes wheels for
 # (3.12: TensorRT-LLM's wheels are for 3.10 and 3.12, the gateway needs 3.11+), installs the project with the `trtllm` extra
 # (tensorrt-llm==1.2.1, from NVIDIA's package index) and the test tools, then runs every test
-# marked `trtllm`: the tiny Llama the vLLM tests build offline, served through the gateway;
-# streamed deltas against TensorRT-LLM's own results, stops, seeds, guidance (xgrammar), cache
-# salt, KV events, abort, load, health, and the conformance kit. Extra arguments go to pytest.
+# marked `trtllm` on the tiny Llama the vLLM tests build offline (no model download), in this order:
+#   1. test_generation.py: the knobs TensorRT-LLM 1.2.1's TorchSampler ignores (seed, min_p, the
+#      three penalties) refused with INVALID_ARGUMENT; a request without knobs sampling rather than
+#      decoding greedily; streamed deltas against TensorRT-LLM's own results, stops, guidance
+#      (xgrammar), cache salt, KV events, abort, load, health;
+#   2. test_disaggregation.py: a prefill/decode pair, each engine in its own `openengine-gateway`
+#      process (the prefill forced to disable_overlap_scheduler), the decode side resuming the
+#      prefill's PrefillReady session and matching the engine's own greedy tokens, and
+#      Abort(kv_session) answering ALREADY_FINISHED (supports_abort_cleanup is false);
+#   3. test_conformance.py: the conformance kit on the aggregated engine.
+# Three engines share the GPU (10% of its free memory each for the KV cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +37,9 @@ assert torch.cuda.is_available(), "no CUDA device visible: this script checks Te
 print(f"tensorrt_llm {tensorrt_llm.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
 PY
 
-exec "$VENV/bin/python" -m pytest -m trtllm tests/engines/trtllm -v -p no:cacheprovider "$@"
+# An engine takes minutes to build and warm, inside the first test that needs it: past pytest's 300 s default.
+exec "$VENV/bin/python" -m pytest -m trtllm -v -p no:cacheprovider --timeout 1800 \
+    tests/engines/trtllm/test_generation.py \
+    tests/engines/trtllm/test_disaggregation.py \
+    tests/engines/trtllm/test_conformance.py \
+    "$@"

@@ -7,6 +7,7 @@ with ``pytest.importorskip("tensorrt_llm")``, so the suite skips cleanly where i
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,18 @@ def llm_options(**overrides: Any) -> dict[str, Any]:
     }
     options.update(overrides)
     return options
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """``LLM`` arguments as the command line's ``--name value`` driver options."""
+    return [part for name, value in options.items() for part in (f"--{name.replace('_', '-')}", _flag_value(value))]
+
+
+def _flag_value(value: Any) -> str:
+    """A nested config as JSON text, a bool as ``true``/``false``, anything else as itself."""
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @pytest.fixture(scope="session")
