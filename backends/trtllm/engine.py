@@ -27,15 +27,7 @@ from typing import Any, ClassVar
 
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
-from openengine_gateway.errors import (
-    AlreadyExists,
-    EngineFailure,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    RequestError,
-    Unavailable,
-)
+from openengine_gateway.errors import EngineFailure, InvalidArgument, RequestError, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -48,6 +40,7 @@ from openengine_gateway.spi import (
 from . import capabilities, generation_config, mapping
 from .kv_events import KvEventMapper
 from .llm_args import llm_kwargs
+from .loras import LoraRegistry
 from .outputs import RequestStream
 from .refusals import is_request_error, refusal
 from .settings import TrtllmSettings
@@ -108,8 +101,7 @@ class TrtllmBackend(Backend):
         self._api: _Api | None = None
         self._features = capabilities.EngineFeatures()
         self._handles: dict[str, Any] = {}
-        self._loras: dict[str, Any] = {}
-        self._lora_ids: dict[int, tuple[str, str]] = {}
+        self._loras = LoraRegistry()
         self._stats: dict[str, Any] | None = None
         self._stats_ns = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -199,7 +191,7 @@ class TrtllmBackend(Backend):
         llm = self._running()
         api = self._api_()
         features = self._features
-        lora = self._lora(request.lora_name)
+        lora = None if request.lora_name is None else self._loras.request(request.lora_name)
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
@@ -285,43 +277,22 @@ class TrtllmBackend(Backend):
 
     # -- LoRA -----------------------------------------------------------------------------
 
-    def _lora(self, name: str | None) -> Any:
-        """The adapter's ``LoRARequest``; its files must still exist (TensorRT-LLM reloads an evicted adapter)."""
-        if name is None:
-            return None
-        lora = self._loras.get(name)
-        if lora is None:
-            raise NotFound(f"LoRA adapter {name!r} is not loaded in the TensorRT-LLM engine")
-        if not Path(lora.lora_path).exists():
-            raise FailedPrecondition(f"LoRA adapter {name!r}: {lora.lora_path} no longer exists")
-        return lora
-
     async def load_lora(self, adapter: LoraAdapter) -> None:
-        """Register a ``LoRARequest`` and prime it with one token, so a bad adapter fails here.
-
-        TensorRT-LLM loads adapters lazily, by id, into a cache it never flushes on request:
-        an id stays bound to its first adapter for the engine's life.
-        """
+        """Register a ``LoRARequest`` and prime it with one token, so a bad adapter fails here."""
         llm = self._running()
         api = self._api_()
-        key = (adapter.lora_name, adapter.source_path)
-        used = self._lora_ids.get(adapter.lora_id)
-        if used is not None and used != key:
-            raise AlreadyExists(
-                f"lora_id {adapter.lora_id} was {used[0]!r}; TensorRT-LLM may still cache its weights under that id"
-            )
+        self._loras.check_id(adapter)
         try:
             lora = api.LoRARequest(adapter.lora_name, adapter.lora_id, adapter.source_path)
             params = api.SamplingParams(max_tokens=1, **self._end_id())
             await llm.generate_async({"prompt_token_ids": [0]}, sampling_params=params, lora_request=lora)
         except Exception as exc:  # broad on purpose: TensorRT-LLM raises many kinds for a bad adapter
             raise InvalidArgument(f"TensorRT-LLM could not load adapter {adapter.lora_name!r}: {exc}") from None
-        self._lora_ids[adapter.lora_id] = key
-        self._loras[adapter.lora_name] = lora
+        self._loras.add(adapter, lora)
 
     async def unload_lora(self, adapter: LoraAdapter) -> None:
         """Stop serving the adapter (TensorRT-LLM evicts its weights from its cache by itself)."""
-        self._loras.pop(adapter.lora_name, None)
+        self._loras.remove(adapter.lora_name)
 
     # -- health, load, KV events ----------------------------------------------------------
 

@@ -13,6 +13,7 @@ MODULES = [
     "generation_config",
     "kv_events",
     "llm_args",
+    "loras",
     "mapping",
     "outputs",
     "refusals",
