@@ -12,9 +12,11 @@ import pytest
 
 pytest.importorskip("tensorrt_llm")
 
+from openengine_backends.trtllm.sampling import TORCH_SAMPLER_KNOBS
 from openengine_gateway import pb
+from openengine_gateway.testing import RunningGateway
 
-from tests.engines.streams import generate_request
+from tests.engines.streams import MODEL, generate_request
 from tests.responses import collect, finished, text, tokens
 
 from .conftest import TOKENS_PER_BLOCK
@@ -105,13 +107,16 @@ async def test_knobs_the_torch_sampler_ignores_are_refused(stub: pb.OpenEngineSt
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and next(iter(knob)) in refused.value.details()
 
 
-async def test_a_request_without_knobs_samples_rather_than_decoding_greedily(stub: pb.OpenEngineStub, llm: Any) -> None:
-    """TensorRT-LLM alone decodes greedily; the driver sets temperature 1 (the tiny model has no generation config)."""
-    prompt_ids = llm.tokenizer.encode(PROMPT)
-    greedy = (await own(llm, prompt_ids, temperature=0.0, max_tokens=24, ignore_eos=True)).outputs[0].token_ids
-    requests = [generate_request(f"free-{n}", prompt=PROMPT, stopping=no_eos(24)) for n in range(3)]
-    runs = [[t.token_id for t in tokens(await collect(stub, request))] for request in requests]
-    assert any(run != greedy for run in runs)
+async def test_a_request_without_knobs_gets_the_neutral_sampling_defaults(
+    gateway: RunningGateway, stub: pb.OpenEngineStub
+) -> None:
+    """TensorRT-LLM alone decodes greedily; the driver sets temperature 1, top_p 1, top_k off, as vLLM and SGLang
+    sample (the tiny model's generation config, written by ``save_pretrained``, sets no sampling default)."""
+    features = gateway.gateway.engines.resolve(MODEL).backend._features  # type: ignore[attr-defined]
+    assert dict(features.sampling.values) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    assert features.sampler_knobs == TORCH_SAMPLER_KNOBS and not features.sampling.dropped
+    responses = await collect(stub, generate_request("free", prompt=PROMPT, stopping=no_eos(8)))
+    assert finished(responses)[0].reason == pb.FINISH_REASON_LENGTH
 
 
 @pytest.mark.parametrize(
