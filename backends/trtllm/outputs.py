@@ -13,7 +13,9 @@ object changes again. Per output it also
   comes without one.
 
 Logprob rows are TensorRT-LLM's ``{token_id: Logprob(logprob, rank)}`` top-k dicts or, in its
-simple form, one float per token; a sampled token outside the top-k has no logprob there.
+simple form, one float per token. ``TorchSampler`` adds the sampled token to its row, with its
+rank, when it falls outside the top-k: the record keeps it and the candidates are cut to the
+top N asked for; a row without the sampled token leaves the record without a logprob.
 """
 
 from __future__ import annotations
