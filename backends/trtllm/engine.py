@@ -147,6 +147,7 @@ class TrtllmBackend(Backend):
         if self._statistics_on():
             self._spawn(self._pump_stats(), "statistics reader")
         features = self._features
+        log.info("TensorRT-LLM: unset sampling knobs take %s", dict(features.sampling.values))
         if features.sampling.dropped:
             log.warning(
                 "TensorRT-LLM: the model's generation-config defaults %s are not applied: this engine's sampler "
