@@ -1,0 +1,68 @@
+"""The driver's requests through SGLang's real ``TokenizerManager.generate_request``, up to the scheduler.
+
+``submit`` builds each output's ``GenerateReqInput`` exactly as ``engine.py``'s ``_submit`` does and
+runs SGLang's own admission path (normalisation, priority and DP-rank checks, tokenization, length
+validation, ``SamplingParams(**...)``, ``normalize(tokenizer)``, ``verify(vocab_size)``); the
+``TokenizedGenerateReqInput`` SGLang would send its scheduler is captured instead of sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from openengine_backends.sglang import mapping
+from openengine_gateway.spi import GenerationRequest
+
+
+class _Captured(Exception):
+    """Raised in place of sending to the scheduler, carrying what would have been sent."""
+
+    def __init__(self, tokenized: Any) -> None:
+        super().__init__("captured")
+        self.tokenized = tokenized
+
+
+async def admit(manager: Any, fields: dict[str, Any]) -> Any:
+    """SGLang's ``TokenizedGenerateReqInput`` for ``GenerateReqInput(**fields)``; raises what SGLang raises."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    async def capture(tokenized: Any) -> None:
+        raise _Captured(tokenized)
+
+    if manager.event_loop is None:  # no output loop, signal handlers or watchdog: no scheduler answers here
+        manager.event_loop = asyncio.get_running_loop()
+    manager._send_one_request = capture
+    generator = manager.generate_request(GenerateReqInput(**fields), None)
+    try:
+        await generator.__anext__()
+    except _Captured as sent:
+        return sent.tokenized
+    finally:
+        await generator.aclose()
+    raise AssertionError("SGLang answered without a scheduler")
+
+
+def plan(
+    manager: Any, request: GenerationRequest, limits: mapping.EngineLimits
+) -> tuple[mapping.GenerationPlan, list[int] | None]:
+    """The driver's plan, the prompt tokenized with SGLang's tokenizer as ``engine.generate`` does."""
+    ids = request.prompt_token_ids
+    if request.prompt is not None and not request.media:
+        ids = mapping.tokenize(manager.tokenizer, request.prompt)
+    return mapping.plan_generation(request, limits, input_ids=ids), None if ids is None else list(ids)
+
+
+async def admit_all(manager: Any, request: GenerationRequest, limits: mapping.EngineLimits) -> list[Any]:
+    """Every output of ``request`` as SGLang admits it (``engine._pump`` → ``_submit``)."""
+    generation, _ = plan(manager, request, limits)
+    return [await admit(manager, fields) for fields in submitted(generation, request.request_id)]
+
+
+def submitted(generation: mapping.GenerationPlan, request_id: str) -> Sequence[dict[str, Any]]:
+    """The ``GenerateReqInput`` fields of every output, as ``engine._pump`` passes them to ``_submit``."""
+    return [
+        {**generation.shared, **generation.outputs[index], "rid": mapping.request_rid(index + 1, request_id, index)}
+        for index in range(len(generation.outputs))
+    ]

@@ -1,0 +1,288 @@
+"""KV events made by SGLang's own code, decoded by the driver's decoder (``backends/zmq_kv_events.py``).
+
+The events come from SGLang's radix cache (``mem_cache/radix_cache.py``, built without memory
+pools by ``RadixCache.create_simulated``) through its recorder (``mem_cache/events.py``), are
+batched as the scheduler batches them (``KVEventBatch``) and go out through SGLang's
+``ZmqEventPublisher`` (``disaggregation/kv_events.py``), one per attention-DP rank as its
+scheduler creates them, over real sockets on 127.0.0.1 and in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import socket
+import time
+from array import array
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from openengine_backends.sglang import capabilities
+from openengine_backends.sglang.server_args import server_kwargs
+from openengine_backends.zmq_kv_events import decode_batch, subscribe
+from openengine_gateway import pb
+
+PAGE = 4
+
+
+class _Allocator:
+    """What eviction hands freed KV slots to; a simulated cache holds no memory."""
+
+    device = "cpu"
+
+    def free_segment(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def radix_cache(*, dynamo: bool = False) -> Any:
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    cache = RadixCache.create_simulated(
+        page_size=PAGE, enable_kv_cache_events=True, mock_allocator=_Allocator(), dynamo_kv_event_format=dynamo
+    )
+    cache.take_events()  # the AllBlocksCleared of its construction
+    return cache
+
+
+def insert(cache: Any, tokens: Sequence[int], *, salt: str | None = None) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    cache.insert(InsertParams(key=RadixKey(array("q", tokens), cache_salt=salt)))
+
+
+def evict_all(cache: Any) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache.evict(EvictParams(num_tokens=1 << 20))
+
+
+def batch(events: list[Any], ts: float = 1_700_000_000.5) -> Any:
+    from sglang.srt.disaggregation.kv_events import KVEventBatch
+
+    return KVEventBatch(ts=ts, events=events)
+
+
+def encoded(events: list[Any]) -> bytes:
+    """A batch's payload as the publisher thread encodes it (``msgspec.msgpack.Encoder``)."""
+    return msgspec.msgpack.Encoder().encode(batch(events))
+
+
+def int64(value: int) -> pb.KvBlockHash:
+    return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=True), encoding="int64")
+
+
+def assert_stored(decoded: pb.KvEvent, event: Any) -> None:
+    """The driver's ``BlockStored`` says what SGLang's says."""
+    stored = decoded.block_stored
+    assert list(stored.block_hashes) == [int64(h) for h in event.block_hashes]
+    if event.parent_block_hash is None:
+        assert not stored.HasField("parent_block_hash")
+    else:
+        assert stored.parent_block_hash == int64(event.parent_block_hash)
+    assert list(stored.token_ids) == list(event.token_ids)
+    assert stored.block_size == event.block_size == PAGE
+    assert stored.medium == pb.STORAGE_MEDIUM_GPU
+
+
+def test_a_prefix_and_its_extension_chain_their_pages() -> None:
+    cache = radix_cache()
+    insert(cache, range(10))  # two full pages; the partial third is not cached
+    (first,) = cache.take_events()
+    insert(cache, range(16))
+    (second,) = cache.take_events()
+    decoded = decode_batch(encoded([first, second]), 0)
+    assert decoded.sequence_number == 1, "the engine's first batch is number 0"
+    assert decoded.timestamp_unix_nanos == 1_700_000_000_500_000_000
+    assert [len(e.block_stored.block_hashes) for e in decoded.events] == [2, 2]
+    assert_stored(decoded.events[0], first)
+    assert_stored(decoded.events[1], second)
+    assert decoded.events[1].block_stored.parent_block_hash == decoded.events[0].block_stored.block_hashes[-1]
+
+
+def test_pages_stored_in_one_step_come_as_one_chained_event() -> None:
+    """The recorder coalesces a store whose parent is the previous store's last page (``enqueue``)."""
+    cache = radix_cache()
+    insert(cache, range(8))
+    insert(cache, range(16))
+    (stored,) = cache.take_events()
+    decoded = decode_batch(encoded([stored]), 0)
+    assert len(decoded.events[0].block_stored.block_hashes) == 4
+    assert_stored(decoded.events[0], stored)
+
+
+def test_eviction_removes_the_stored_hashes_and_a_reset_clears_all() -> None:
+    cache = radix_cache()
+    insert(cache, range(8))
+    (stored,) = cache.take_events()
+    evict_all(cache)
+    cache.reset()
+    removed, cleared = cache.take_events()
+    decoded = decode_batch(encoded([stored, removed, cleared]), 41)
+    assert decoded.sequence_number == 42
+    kinds = [event.WhichOneof("event") for event in decoded.events]
+    assert kinds == ["block_stored", "block_removed", "all_blocks_cleared"]
+    assert list(decoded.events[1].block_removed.block_hashes) == list(decoded.events[0].block_stored.block_hashes)
+    assert decoded.events[1].block_removed.medium == pb.STORAGE_MEDIUM_GPU
+
+
+def test_host_tier_events_carry_their_medium() -> None:
+    from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, StorageMedium
+
+    stored = BlockStored(
+        block_hashes=[7], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=4, lora_id=None,
+        medium=StorageMedium.CPU,
+    )  # fmt: skip
+    removed = BlockRemoved(block_hashes=[7], medium=StorageMedium.EXTERNAL)
+    decoded = decode_batch(encoded([stored, removed]), 0)
+    assert decoded.events[0].block_stored.medium == pb.STORAGE_MEDIUM_CPU_PINNED
+    assert decoded.events[1].block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
+
+
+def test_eagle_bigram_pages_decode_to_their_tokens() -> None:
+    """EAGLE keys the radix tree by bigrams and publishes each position as (token, next token)."""
+    cache = radix_cache()
+    cache.is_eagle = True
+    insert(cache, range(20, 29))  # eight bigrams: two pages
+    (stored,) = cache.take_events()
+    assert stored.token_ids[0] == (20, 21)
+    decoded = decode_batch(encoded([stored]), 0)
+    assert list(decoded.events[0].block_stored.token_ids) == list(range(20, 28))
+
+
+def test_a_salted_prefix_publishes_other_hashes_than_the_same_tokens_unsalted() -> None:
+    """In 0.5.23's default format a salted node's event hashes are seeded by its salt
+    (``mem_cache/utils.py compute_node_event_hash_values``), so a salted and an unsalted copy of
+    one prefix do not collide in a subscriber's index."""
+    cache = radix_cache()
+    insert(cache, range(8))
+    insert(cache, range(8), salt="tenant-a")
+    insert(cache, range(8), salt="tenant-b")
+    plain, salted_a, salted_b = (decode_batch(encoded([e]), 0).events[0] for e in cache.take_events())
+    hashes = [tuple(h.value for h in e.block_stored.block_hashes) for e in (plain, salted_a, salted_b)]
+    assert len(set(hashes)) == 3
+
+
+def _free_port_pair() -> int:
+    """A base port whose next port is free too (rank 1 publishes on base + 1)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            base = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+        return base
+    raise RuntimeError("no free port pair")
+
+
+async def _receive(
+    stream: AsyncIterator[pb.KvEventBatch], publishers: dict[int, Any], wanted: dict[int, list[list[Any]]]
+) -> dict[int, list[pb.KvEventBatch]]:
+    """Probe every publisher until its subscription is live (ZMQ drops what a PUB sends before),
+    then publish ``wanted`` per rank and return what arrived with events in it."""
+    live: set[int] = set()
+    pending: asyncio.Future[pb.KvEventBatch] | None = None
+    deadline = time.monotonic() + 20
+    while live != set(publishers):
+        assert time.monotonic() < deadline, f"ranks {set(publishers) - live} never reached the subscriber"
+        for rank in set(publishers) - live:
+            publishers[rank].publish(batch([], ts=time.time()))
+        pending = pending or asyncio.ensure_future(stream.__anext__())
+        done, _ = await asyncio.wait({pending}, timeout=0.05)
+        while done:
+            live.add(pending.result().data_parallel_rank)
+            pending = asyncio.ensure_future(stream.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=0.01)
+    for rank, batches in wanted.items():
+        for events in batches:
+            publishers[rank].publish(batch(events, ts=time.time()))
+    received: dict[int, list[pb.KvEventBatch]] = {rank: [] for rank in wanted}
+    while sum(map(len, received.values())) < sum(map(len, wanted.values())):
+        assert pending is not None
+        decoded = await asyncio.wait_for(pending, timeout=20)
+        if decoded.events:
+            received[decoded.data_parallel_rank].append(decoded)
+        pending = asyncio.ensure_future(stream.__anext__())
+    if pending is not None:
+        pending.cancel()
+    return received
+
+
+def _publishers(server: dict[str, Any]) -> dict[int, Any]:
+    """One ``ZmqEventPublisher`` per scheduler that owns one, as SGLang's schedulers create them."""
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory, select_kv_publisher_dp_rank
+
+    attn_dp_size = int(server.get("attn_dp_size") or 1)
+    publishers = {}
+    for dp_rank in range(int(server.get("dp_size") or 1)):
+        for attn_dp_rank in range(attn_dp_size):
+            rank = select_kv_publisher_dp_rank(attn_dp_size, attn_dp_rank, dp_rank)
+            publishers[rank] = EventPublisherFactory.create(server["kv_events_config"], attn_dp_rank=rank)
+    return publishers
+
+
+async def _round_trip(server: dict[str, Any]) -> None:
+    """Each rank's radix-cache events, published by SGLang and read by the driver's subscriber."""
+    publishers = _publishers(server)
+    sources = capabilities.kv_event_publishers(server)
+    assert set(sources) == set(publishers), "the driver subscribes to every rank SGLang publishes on"
+    wanted: dict[int, list[list[Any]]] = {}
+    for rank in publishers:
+        cache = radix_cache()
+        insert(cache, range(rank * 100, rank * 100 + 8))
+        first = cache.take_events()
+        evict_all(cache)
+        wanted[rank] = [first, cache.take_events()]
+    stream = subscribe(sources)
+    try:
+        received = await _receive(stream, publishers, wanted)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+        for publisher in publishers.values():
+            publisher.shutdown()
+            atexit.unregister(publisher.shutdown)  # its second shutdown would wait a second for nothing
+    for rank, (stored_batch, removed_batch) in received.items():
+        assert stored_batch.data_parallel_rank == removed_batch.data_parallel_rank == rank
+        assert removed_batch.sequence_number == stored_batch.sequence_number + 1
+        (stored,) = wanted[rank][0]
+        assert_stored(stored_batch.events[0], stored)
+        assert list(stored_batch.events[0].block_stored.token_ids) == list(range(rank * 100, rank * 100 + 8))
+        assert list(removed_batch.events[0].block_removed.block_hashes) == [int64(h) for h in stored.block_hashes]
+
+
+def _server(model: Path, **options: Any) -> dict[str, Any]:
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(**server_kwargs(str(model), {"device": "cpu", **options}))
+    args.resolve_once()
+    return dict(args.resolved_dict())
+
+
+async def test_every_attention_dp_rank_publishes_and_is_read(tiny_model: Path) -> None:
+    config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{_free_port_pair()}", "topic": "kv"})
+    server = _server(tiny_model, dp_size="2", enable_dp_attention="true", tp_size="2", kv_events_config=config)
+    await _round_trip(server)
+
+
+async def test_data_parallel_replicas_publish_and_are_read(tiny_model: Path) -> None:
+    config = json.dumps({"publisher": "zmq", "endpoint": f"tcp://0.0.0.0:{_free_port_pair()}"})
+    await _round_trip(_server(tiny_model, dp_size="2", kv_events_config=config))
+
+
+async def test_an_ipc_publisher_is_read(tiny_model: Path, tmp_path: Path) -> None:
+    config = json.dumps({"publisher": "zmq", "endpoint": f"ipc://{tmp_path}/kv-events", "topic": "kv"})
+    await _round_trip(_server(tiny_model, kv_events_config=config))
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5557", "tcp://collector.example:5557"])
+def test_a_publisher_that_connects_out_is_not_subscribed_to(tiny_model: Path, endpoint: str) -> None:
+    """SGLang connects (rather than binds) a concrete-host endpoint: there is nothing to subscribe to."""
+    config = json.dumps({"publisher": "zmq", "endpoint": endpoint})
+    assert capabilities.kv_event_publishers(_server(tiny_model, kv_events_config=config)) == {}
