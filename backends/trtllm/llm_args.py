@@ -60,8 +60,10 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
 
 
 def _is_false(value: Any) -> bool:
-    """Whether an option's value reads as false (a bool, or a command-line string)."""
-    return value is False or (isinstance(value, str) and value.strip().lower() in _FALSE)
+    """Whether an option's value reads as false (a TOML value, or a command-line string)."""
+    if isinstance(value, str):
+        return value.strip().lower() in _FALSE
+    return not value
 
 
 __all__ = ["DRIVER_DEFAULTS", "cli_value", "llm_kwargs"]

@@ -393,7 +393,7 @@ async def test_prefill_and_decode_engines_hand_off_through_a_kv_session(fake: In
 
 async def test_a_prefill_engine_with_the_overlap_scheduler_on_is_refused_at_start() -> None:
     options = {"role": "prefill", "cache_transceiver_config": {"backend": "UCX"}}
-    for value in (False, "false"):
+    for value in (False, 0, "false", "Off"):
         with pytest.raises(ConfigError, match="disable_overlap_scheduler=true"):
             await trtllm(disable_overlap_scheduler=value, **options).start()
 
