@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
-from openengine_backends.sglang import mapping
+from openengine_backends.sglang import capabilities, mapping, tasks
 from openengine_gateway.spi import GenerationRequest
 
 
@@ -66,3 +67,35 @@ def submitted(generation: mapping.GenerationPlan, request_id: str) -> Sequence[d
         {**generation.shared, **generation.outputs[index], "rid": mapping.request_rid(index + 1, request_id, index)}
         for index in range(len(generation.outputs))
     ]
+
+
+async def sent_by(manager: Any, call: Any) -> list[Any]:
+    """What SGLang's tokenizer manager would send its scheduler while the driver's ``call`` runs.
+
+    Each request is captured at the scheduler's door, which fails its item (and so the call);
+    the items still on their way are given a moment to reach the door too.
+    """
+    sent: list[Any] = []
+
+    async def capture(tokenized: Any) -> None:
+        sent.append(tokenized)
+        raise _Captured(tokenized)
+
+    if manager.event_loop is None:
+        manager.event_loop = asyncio.get_running_loop()
+    manager._send_one_request = capture
+    try:
+        await call
+    except _Captured:
+        await asyncio.sleep(0.2)
+        return sent
+    raise AssertionError("SGLang answered without a scheduler")
+
+
+def runner(manager: Any, server: dict[str, Any]) -> tasks.TaskRunner:
+    """The driver's task runner on SGLang's tokenizer manager and request classes (as ``engine._describe``)."""
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+
+    state = capabilities.engine_state(manager, server)
+    engine = SimpleNamespace(tokenizer_manager=manager)
+    return tasks.TaskRunner(engine, state, capabilities.engine_limits(state), EmbeddingReqInput, GenerateReqInput)

@@ -1,0 +1,101 @@
+"""Embed, Classify and Score requests as ``tasks.TaskRunner`` builds them, admitted by SGLang's real
+``TokenizerManager``: the tiny Llama served as an embedding model (``is_embedding``). Causal-model
+scoring, on the generation model, is in ``test_score_requests.py`` (SGLang holds one configuration
+per process, so the two engines' tests run in separate modules)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openengine_backends.sglang import capabilities, tasks
+from openengine_backends.sglang.server_args import server_kwargs
+from openengine_gateway import pb
+from openengine_gateway.spi import EmbedCall, Media, TaskContext, TaskItem
+
+from .admission import runner, sent_by
+from .conftest import CONTEXT_LENGTH, RESERVED_OUTPUT
+
+CONTEXT = TaskContext(request_id="t", model="tiny")
+
+
+@pytest.fixture(scope="module")
+def embedding_manager(server_args: Any, tiny_model: Path) -> Iterator[Any]:
+    """A second engine's tokenizer manager, the model served for embeddings; SGLang's process-wide
+    configuration is this engine's while the module runs, the generation engine's again after."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.runtime_context import publish, restore_context, snapshot_context
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    before = snapshot_context()
+    options = {"device": "cpu", "context_length": str(CONTEXT_LENGTH), "is_embedding": "true"}
+    args = ServerArgs(**server_kwargs(str(tiny_model), options))
+    args.resolve_once()
+    args.check_server_args()
+    publish(args, role="tokenizer")
+    try:
+        manager = TokenizerManager(args, PortArgs.init_new(args))
+        manager.max_req_input_len = manager.context_len - 1 - RESERVED_OUTPUT
+        manager.resolved = dict(args.resolved_dict())
+        yield manager
+    finally:
+        restore_context(before)
+
+
+def test_an_embedding_model_advertises_what_sglang_takes(embedding_manager: Any) -> None:
+    state = capabilities.engine_state(embedding_manager, embedding_manager.resolved)
+    assert not state.is_generation and not state.classifier
+    table = tasks.task_capabilities(state)
+    assert table is not None and table.embed.supported
+    assert list(table.embed.input_types) == [pb.TASK_INPUT_TYPE_TEXT, pb.TASK_INPUT_TYPE_TOKEN_IDS]
+    assert not table.embed.supports_dimension_override, "SGLang refuses dimensions on a non-Matryoshka model"
+
+
+async def test_embedding_items_are_sglang_requests(embedding_manager: Any) -> None:
+    items = (TaskItem("a", text="the quick brown fox"), TaskItem("b", token_ids=(5, 6, 7)))
+    call = EmbedCall(context=CONTEXT, items=items)
+    rids = ["rid-a", "rid-b"]
+    sent = await sent_by(embedding_manager, runner(embedding_manager, embedding_manager.resolved).embed(call, rids))
+    by_rid = {tokenized.rid: tokenized for tokenized in sent}
+    assert set(by_rid) == set(rids)
+    text_ids = embedding_manager.tokenizer("the quick brown fox")["input_ids"]
+    assert list(by_rid["rid-a"].input_ids) == list(text_ids)
+    assert list(by_rid["rid-b"].input_ids) == [5, 6, 7]
+    assert type(sent[0]).__name__ == "TokenizedEmbeddingReqInput"
+
+
+async def test_dimensions_on_a_model_without_matryoshka_are_sglangs_refusal(embedding_manager: Any) -> None:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+    request = EmbeddingReqInput(rid="d", **tasks.item_kwargs(TaskItem("a", text="fox")), dimensions=8)
+    with pytest.raises(ValueError, match="matryoshka"):
+        await embedding_manager.generate_request(request, None).__anext__()
+
+
+async def test_cross_encoder_pairs_are_one_sglang_batch(embedding_manager: Any) -> None:
+    """``score`` on a classifier: the pairs, one rid each, as SGLang's rerank path sends them."""
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+    pairs = [["what", "a fox"], ["what", "a dog"]]
+    batch = EmbeddingReqInput(rid=["p0", "p1"], text=pairs, is_cross_encoder_request=True)
+    batch.normalize_batch_and_arguments()
+    assert (batch.is_single, batch.batch_size) == (False, 2)
+    sent = await sent_by(embedding_manager, embedding_manager.generate_request(batch, None).__anext__())
+    first = next(tokenized for tokenized in sent if tokenized.rid == "p0")
+    assert list(first.input_ids) == list(embedding_manager.tokenizer("what", "a fox")["input_ids"])
+
+
+def test_an_image_item_is_one_request() -> None:
+    """A multimodal embedding item (the tiny model takes none; SGLang's batching is what is checked)."""
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+    image = pb.MODALITY_IMAGE
+    for item in (
+        TaskItem("a", text="a cat", media=(Media(image, url="https://x/cat.png"),)),
+        TaskItem("b", media=(Media(image, url="https://x/a.png"), Media(image, url="https://x/b.png"))),
+    ):
+        request = EmbeddingReqInput(rid="m", **tasks.item_kwargs(item))
+        request.normalize_batch_and_arguments()
+        assert (request.is_single, request.batch_size) == (True, 1)
