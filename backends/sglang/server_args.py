@@ -3,12 +3,14 @@
 Part of the engine side: like ``engine.py`` it imports SGLang, and only inside its function, when
 an engine starts. Field names are checked against ``ServerArgs``; command-line strings are
 converted by SGLang's own argument parser, so ``--context-length 4096`` and ``--enable-lora
-true`` mean what they mean to ``sglang serve``.
+true`` mean what they mean to ``sglang serve``; so does a ``plugins.toml`` table given for an argument
+SGLang reads as JSON text (``kv_events_config = { publisher = "zmq" }``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,11 +30,18 @@ def server_kwargs(model: str, options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(ServerArgs.__struct_fields__))
     if unknown:
         raise ConfigError(f"sglang: unknown server arguments: {', '.join(unknown)} (see SGLang's ServerArgs)")
-    kwargs = {name: value for name, value in options.items() if not isinstance(value, str)}
+    kwargs = {name: value for name, value in options.items() if not isinstance(value, str | Mapping)}
     strings = {name: value for name, value in options.items() if isinstance(value, str)}
-    if strings:
+    tables = {name: value for name, value in options.items() if isinstance(value, Mapping)}
+    if strings or tables:
         parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
         ServerArgs.add_cli_args(parser)
+        # A table means what its JSON text means on SGLang's command line: SGLang reads such arguments
+        # (--kv-events-config, --json-model-override-args...) as JSON text, and a dict given as it is
+        # passes ServerArgs only to fail in SGLang's scheduler (KVEventsConfig.from_cli).
+        flags = {action.dest for action in parser._actions if action.option_strings}
+        strings.update({name: json.dumps(value) for name, value in tables.items() if name in flags})
+        kwargs.update({name: value for name, value in tables.items() if name not in flags})
         kwargs.update(parse_strings(parser, model, strings))
     kwargs["model_path"] = model
     return kwargs

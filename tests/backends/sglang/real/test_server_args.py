@@ -150,3 +150,15 @@ def test_kv_event_publishers_follow_the_resolved_ranks(tiny_model: Path) -> None
     config = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"})
     _, server = resolved(tiny_model, dp_size="2", enable_dp_attention="true", tp_size="2", kv_events_config=config)
     assert capabilities.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv"), 1: ("tcp://*:5558", "kv")}
+
+
+def test_a_table_means_its_json_text_on_sglangs_command_line(tiny_model: Path) -> None:
+    """A ``plugins.toml`` table for an argument SGLang reads as JSON text reaches SGLang as that text:
+    as a dict it passed ``ServerArgs`` and failed in the scheduler (``KVEventsConfig.from_cli``)."""
+    from sglang.srt.disaggregation.kv_events import KVEventsConfig
+
+    table = {"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}
+    args, server = resolved(tiny_model, kv_events_config=table, preferred_sampling_params={"temperature": 0.5})
+    assert KVEventsConfig.from_cli(args.kv_events_config) == KVEventsConfig(**table)
+    assert capabilities.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv")}
+    assert args.preferred_sampling_params == {"temperature": 0.5}, "its command line reads JSON into a dict"
