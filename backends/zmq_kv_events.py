@@ -7,10 +7,18 @@ rank]`` (vLLM's ``data_parallel_rank``, SGLang's ``attn_dp_rank``). Events are t
 encoded two ways: as maps carrying the tag under ``"type"`` (current vLLM and SGLang releases)
 and as arrays whose first element is the tag followed by the fields in vLLM's declaration
 order (earlier vLLM releases). Both are decoded; fields a release adds that OpenEngine has no
-place for (SGLang's ``cache_salt`` and ``session_id``; vLLM 0.32's ``locality``, ``ownership``
-and ``session_id``, so a block in a remote tier reads like a local one) are ignored. Mediums are
-matched whatever their case (a Mooncake store publishes ``"cpu"``). Block hashes are bytes
-(sha256) or 64-bit ints (SGLang always, vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+place for (SGLang's ``session_id``; vLLM 0.32's ``locality``, ``ownership`` and ``session_id``,
+so a block in a remote tier reads like a local one) are ignored.
+
+A cache salt reaches subscribers in ``extra_keys``, where vLLM publishes it (the bare salt among
+the first block's keys, ``to_event_extra_keys``). SGLang publishes it as the event's
+``cache_salt`` instead, and a salt namespaces every block of an SGLang event (its radix tree keeps
+salted chains apart, and their hashes are seeded with the salt: ``mem_cache/utils.py``
+``compute_node_event_hash_values``), so each of the event's blocks gets the salt as its one
+extra key.
+
+Mediums are matched whatever their case (a Mooncake store publishes ``"cpu"``). Block hashes are
+bytes (sha256) or 64-bit ints (SGLang always, vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
 
 The engine's sequence numbers are kept, plus one: the gateway reads a zero as "number this
 batch for me", and an engine's first batch is number zero.
@@ -78,6 +86,12 @@ def _token_ids(values: Sequence[Any]) -> Sequence[Any]:
     return values
 
 
+def _salt_keys(fields: Mapping[str, Any]) -> list[list[str]]:
+    """SGLang's ``cache_salt`` as every block's extra key (none without a salt)."""
+    salt = fields.get("cache_salt")
+    return [[salt]] * len(fields["block_hashes"]) if salt else []
+
+
 def _key_text(key: Any) -> str:
     """One of a block's extra keys as text: a string as it is, bytes (vLLM's prompt-embeds
     digests) as hex, anything composite (a multimodal ``(identifier, offset)``) as compact JSON."""
@@ -107,7 +121,7 @@ def decode_event(event: Any) -> pb.KvEvent:
         parent = fields.get("parent_block_hash")
         if parent is not None:
             stored.parent_block_hash.CopyFrom(block_hash(parent))
-        for keys in fields.get("extra_keys") or ():
+        for keys in fields.get("extra_keys") or _salt_keys(fields):
             stored.extra_keys.add(values=[_key_text(key) for key in keys or ()])
         return pb.KvEvent(block_stored=stored)
     if tag == "BlockRemoved":
@@ -138,15 +152,22 @@ def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.
     )
 
 
+_LOOPBACK = {"tcp://*:": "tcp://127.0.0.1:", "tcp://0.0.0.0:": "tcp://127.0.0.1:", "tcp://[::]:": "tcp://[::1]:"}
+
+
 def connect_address(endpoint: str) -> str:
     """Where a local subscriber connects for a publisher endpoint (a wildcard means loopback)."""
-    return endpoint.replace("tcp://*:", "tcp://127.0.0.1:").replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+    for wildcard, loopback in _LOOPBACK.items():
+        if endpoint.startswith(wildcard):
+            return loopback + endpoint[len(wildcard) :]
+    return endpoint
 
 
 async def subscribe(sources: Mapping[int, tuple[str, str]]) -> AsyncIterator[pb.KvEventBatch]:
     """Decoded batches from every rank's publisher (``rank -> (endpoint, topic)``), as they come."""
     context = zmq.asyncio.Context.instance()
     socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.IPV6, 1)  # IPv4 endpoints still connect; IPv6 ones need it
     try:
         for endpoint, topic in sources.values():
             socket.connect(connect_address(endpoint))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -66,7 +67,7 @@ def test_both_encodings_decode_alike(payload: bytes) -> None:
 def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
     """As SGLang 0.5.23 encodes (``disaggregation/kv_events.py``): int hashes, ``CPU_PINNED``/``EXTERNAL``
     mediums, ``cache_salt`` and ``session_id`` on ``BlockStored``, and the batch's third element the
-    attention-DP rank."""
+    attention-DP rank. The salt namespaces every block of the event: each carries it as its extra key."""
     stored = {
         "type": "BlockStored",
         "block_hashes": [-7, 9],
@@ -89,6 +90,7 @@ def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
         block_size=4,
         lora_name="ad",
         medium=pb.STORAGE_MEDIUM_CPU_PINNED,
+        extra_keys=[pb.OpaqueKeyTuple(values=["tenant"])] * 2,
     )
     assert not first.block_stored.HasField("parent_block_hash")
     assert second.block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
@@ -131,15 +133,23 @@ def test_unknown_events_are_errors() -> None:
         decode_batch(msgpack.packb([0.0, [{"type": "Mystery"}], 0]), 0)
 
 
+def test_an_unsalted_sglang_event_has_no_extra_keys() -> None:
+    stored = {"type": "BlockStored", "block_hashes": [5], "token_ids": [1, 2], "block_size": 2, "cache_salt": None}
+    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    assert not event.block_stored.extra_keys
+
+
 def test_wildcard_endpoints_are_reached_on_loopback() -> None:
     assert connect_address("tcp://*:5557") == "tcp://127.0.0.1:5557"
+    assert connect_address("tcp://0.0.0.0:5557") == "tcp://127.0.0.1:5557"
+    assert connect_address("tcp://[::]:5557") == "tcp://[::1]:5557", "SGLang's describe_local_source"
     assert connect_address("tcp://10.1.2.3:5557") == "tcp://10.1.2.3:5557"
+    assert connect_address("ipc:///run/kv.sock") == "ipc:///run/kv.sock"
 
 
-async def test_subscribe_reads_a_live_publisher() -> None:
-    publisher = zmq.asyncio.Context.instance().socket(zmq.PUB)
-    port = publisher.bind_to_random_port("tcp://127.0.0.1")
-    batches = subscribe({0: (f"tcp://*:{port}", "kv")})
+async def first_batch(publisher: zmq.asyncio.Socket, endpoint: str) -> pb.KvEventBatch:
+    """The first batch a subscription to ``endpoint`` decodes while ``publisher`` publishes."""
+    batches = subscribe({0: (endpoint, "kv")})
     try:
         first = asyncio.ensure_future(anext(batches))
         for _ in range(100):  # a SUB socket joins asynchronously: publish until it is heard
@@ -147,8 +157,33 @@ async def test_subscribe_reads_a_live_publisher() -> None:
             done, _ = await asyncio.wait({first}, timeout=0.05)
             if done:
                 break
-        batch = await first
-        assert batch.sequence_number == 8 and len(batch.events) == 3
+        return await first
     finally:
         await batches.aclose()
+
+
+async def test_subscribe_reads_a_live_publisher() -> None:
+    publisher = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    port = publisher.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        batch = await first_batch(publisher, f"tcp://*:{port}")
+    finally:
         publisher.close(linger=0)
+    assert batch.sequence_number == 8 and len(batch.events) == 3
+
+
+@pytest.mark.parametrize("family", ["ipc", "ipv6"])
+async def test_subscribe_reads_ipc_and_ipv6_publishers(family: str, tmp_path: Path) -> None:
+    """SGLang binds ``ipc://`` paths and, where its socket allows IPv6, bracketed IPv6 hosts."""
+    publisher = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    if family == "ipc":
+        endpoint = f"ipc://{tmp_path / 'kv.sock'}"
+        publisher.bind(endpoint)
+    else:
+        publisher.setsockopt(zmq.IPV6, 1)
+        endpoint = f"tcp://[::1]:{publisher.bind_to_random_port('tcp://[::1]')}"
+    try:
+        batch = await first_batch(publisher, endpoint)
+    finally:
+        publisher.close(linger=0)
+    assert batch.sequence_number == 8
