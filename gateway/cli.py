@@ -3,7 +3,8 @@
     openengine-gateway [serve] [--backend NAME] [--model M] [--served-model-name N]
                        [--alias A ...] [--host H] [--port P] [--config plugins.toml]
                        [--tls-cert F --tls-key F [--tls-client-ca F]]
-                       [--auth-token-file F] [--control-token-file F] [--metrics-port P]
+                       [--auth-token-file F] [--control-token-file F] [--observer-token-file F]
+                       [--metrics-port P]
                        [--<limit> N ...] [--log-format text|json] [--<driver-option> VALUE ...]
     openengine-gateway backends
     openengine-gateway conformance --target HOST:PORT [--model M] [--json FILE]
@@ -101,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
         help="tokens for Abort(all), Drain and LoRA load/unload (also $OPENENGINE_CONTROL_TOKENS)",
     )
     security.add_argument(
+        "--observer-token-file",
+        type=Path,
+        help="tokens for the KV and runtime event streams (also $OPENENGINE_OBSERVER_TOKENS)",
+    )
+    security.add_argument(
         "--lora-root", action="append", help="directory LoRA adapters must resolve into (repeatable; default any)"
     )
     limits = parser.add_argument_group(
@@ -108,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag, what in (
         ("--max-in-flight", "concurrent requests (default 4096)"),
+        ("--max-in-flight-per-token", "concurrent requests of one token (default: --max-in-flight)"),
         ("--max-subscriptions", "concurrent KV and runtime event subscriptions (default 1024)"),
         ("--max-prompt-chars", "characters of a text prompt or task input"),
         ("--max-prompt-tokens", "token ids of a token prompt or task input"),
@@ -164,8 +171,10 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
             "tls_client_ca_file": args.tls_client_ca,
             "auth_token_file": args.auth_token_file,
             "control_token_file": args.control_token_file,
+            "observer_token_file": args.observer_token_file,
             "lora_roots": args.lora_root,
             "max_in_flight": args.max_in_flight,
+            "max_in_flight_per_token": args.max_in_flight_per_token,
             "max_subscriptions": args.max_subscriptions,
             "max_prompt_chars": args.max_prompt_chars,
             "max_prompt_tokens": args.max_prompt_tokens,
@@ -200,6 +209,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     sections = _engine_sections(args, extra, config)
     options = GatewayOptions(
         max_in_flight=section.max_in_flight,
+        max_in_flight_per_token=section.max_in_flight_per_token,
         max_subscriptions=section.max_subscriptions,
         max_prompt_chars=section.max_prompt_chars,
         max_prompt_tokens=section.max_prompt_tokens,
@@ -260,13 +270,19 @@ def _server_options(section: GatewaySection) -> ServerOptions:
     tls = TlsFiles(cert, key, client_ca) if cert is not None and key is not None else None
     if tls is not None:
         tls.check()
-    token_file, control_file = section.auth_token_file, section.control_token_file
     auth = TokenAuth.from_sources(
-        token_files=[token_file] if token_file else [], control_token_files=[control_file] if control_file else []
+        token_files=_listed(section.auth_token_file),
+        control_token_files=_listed(section.control_token_file),
+        observer_token_files=_listed(section.observer_token_file),
     )
     host = section.host
     if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("serving on %s without authentication: anyone who reaches it can drain it", host)
+    if auth is not None and auth.tenants_share_control:
+        log.warning(
+            "several inference tokens and no control token: each acts as a control token and reaches every "
+            "client's requests; give the operator a --control-token-file"
+        )
     return ServerOptions(
         host=host,
         port=section.port,
@@ -276,6 +292,10 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         metrics_port=section.metrics_port,
         metrics_host=section.metrics_host,
     )
+
+
+def _listed(path: Path | None) -> list[Path]:
+    return [path] if path is not None else []
 
 
 def _routable(host: str) -> str:

@@ -55,6 +55,7 @@ class GatewaySection(_Strict):
     port: int = Field(default=50051, ge=0, le=65535)
     advertise_host: str | None = None
     max_in_flight: int | None = Field(default=4096, gt=0)
+    max_in_flight_per_token: int | None = Field(default=None, gt=0)
     max_subscriptions: int | None = Field(default=1024, gt=0)
     max_prompt_chars: int | None = Field(default=None, gt=0)
     max_prompt_tokens: int | None = Field(default=None, gt=0)
@@ -72,6 +73,7 @@ class GatewaySection(_Strict):
     tls_client_ca_file: Path | None = None
     auth_token_file: Path | None = None
     control_token_file: Path | None = None
+    observer_token_file: Path | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str | None = None
     log_format: Literal["text", "json"] = "text"

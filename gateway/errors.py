@@ -41,6 +41,28 @@ class Status(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
+ECHO_CHARS = 64
+"""How much of a client's string a message repeats (``clip``)."""
+MAX_STATUS_MESSAGE_BYTES = 1000
+"""The longest status message sent: under 1 KiB, far below a client's 16 KiB metadata limit."""
+
+
+def clip(value: str, keep: int = ECHO_CHARS) -> str:
+    """A client's string as a message repeats it: quoted whole when short, else its first ``keep``
+    characters and its length, so no message grows with what a client sends."""
+    if len(value) <= keep:
+        return repr(value)
+    return f"{value[:keep]!r}... ({len(value)} characters)"
+
+
+def bounded_message(message: str) -> str:
+    """``message`` cut to ``MAX_STATUS_MESSAGE_BYTES`` of UTF-8, marked where it was cut."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return message
+    return data[: MAX_STATUS_MESSAGE_BYTES - 20].decode("utf-8", "ignore") + " ... (cut)"
+
+
 class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
 
@@ -224,6 +246,8 @@ def as_failure(exc: BaseException) -> EngineFailure:
 
 
 __all__ = [
+    "ECHO_CHARS",
+    "MAX_STATUS_MESSAGE_BYTES",
     "AlreadyExists",
     "Cancelled",
     "EngineFailure",
@@ -242,5 +266,7 @@ __all__ = [
     "Unimplemented",
     "as_failure",
     "as_status_error",
+    "bounded_message",
+    "clip",
     "internal_failure",
 ]

@@ -6,6 +6,10 @@ requests and NOT_FOUND for ids it never saw (or forgot). An in-flight duplicate 
 before acceptance with ALREADY_EXISTS. The in-flight count is also the admission limit and
 what ``Drain`` waits on. KV sessions get the same memory: the ids this gateway handed out in
 a ``PrefillReady`` or released by ``Abort``, so aborting one again is ALREADY_FINISHED.
+
+Each request and remembered session keeps its owner (a token's name, or None), so that a
+lookup can be limited to what one caller reaches (``reaches``), and the in-flight count per
+owner is the per-token fairness limit.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +33,8 @@ class ActiveRequest:
     kind: str
     model: str
     kv_session_id: str | None = None
+    owner: str | None = None
+    """The name of the token that started it; None when it was started without one."""
     stop: Callable[[str], object] = field(default=lambda _reason: None)
     on_failure: Callable[[EngineFailure], object] = field(default=lambda _failure: None)
     aborted: bool = False
@@ -66,16 +72,34 @@ def _kept(identifier: str) -> str | bytes:
     return hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
 
+Reaches = Callable[[str | None], bool]
+"""Whether a caller reaches what an owner started (``core.callers.Caller.reaches``)."""
+
+
+def _anyone(_owner: str | None) -> bool:
+    return True
+
+
 class RequestRegistry:
     """In-flight requests by id, recently finished ids, and change notification for drains."""
 
-    def __init__(self, *, finished_window: int = 65536, max_in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        finished_window: int = 65536,
+        max_in_flight: int | None = None,
+        max_in_flight_per_owner: int | None = None,
+    ) -> None:
         self._active: dict[str, ActiveRequest] = {}
-        self._finished: OrderedDict[str | bytes, None] = OrderedDict()
+        self._finished: OrderedDict[str | bytes, str | None] = OrderedDict()
+        """Finished ids (``_kept``) → their owner, most recent last."""
         self._finished_window = finished_window
-        self._sessions: OrderedDict[str, None] = OrderedDict()
-        """KV session ids handed out or released, most recent last, within the same window."""
+        self._sessions: OrderedDict[str, str | None] = OrderedDict()
+        """KV session ids handed out or released → their owner, most recent last, within the same window."""
         self._max_in_flight = max_in_flight
+        self._max_per_owner = max_in_flight_per_owner
+        self._owned: Counter[str] = Counter()
+        """In-flight requests per owner."""
         self._changed = asyncio.Event()
         self.version = 0
         """Counts admits and releases (``wait_changed(since=...)``)."""
@@ -91,6 +115,13 @@ class RequestRegistry:
             raise ResourceExhausted(
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
             )
+        owner = request.owner
+        if owner is not None:
+            if self._max_per_owner is not None and self._owned[owner] >= self._max_per_owner:
+                raise ResourceExhausted(
+                    f"this token is at its limit of {self._max_per_owner} concurrent requests", retry_after_ms=100
+                )
+            self._owned[owner] += 1
         self._active[request.request_id] = request
         self._notify()
 
@@ -104,9 +135,14 @@ class RequestRegistry:
         if self._active.get(request.request_id) is not request:
             return
         del self._active[request.request_id]
+        owner = request.owner
+        if owner is not None:
+            self._owned[owner] -= 1
+            if not self._owned[owner]:
+                del self._owned[owner]
         if finished:
             kept = _kept(request.request_id)
-            self._finished[kept] = None
+            self._finished[kept] = owner
             self._finished.move_to_end(kept)
             if len(self._finished) > self._finished_window:
                 self._finished.popitem(last=False)
@@ -116,29 +152,39 @@ class RequestRegistry:
         """The in-flight request with this id, if any."""
         return self._active.get(request_id)
 
-    def recently_finished(self, request_id: str) -> bool:
-        """True when the id finished, is still inside the remembered window, and is not in flight again."""
-        return request_id not in self._active and _kept(request_id) in self._finished
+    def recently_finished(self, request_id: str, reaches: Reaches = _anyone) -> bool:
+        """True when the id finished (started by an owner ``reaches`` allows), is still inside the
+        remembered window, and is not in flight again."""
+        if request_id in self._active:
+            return False
+        kept = _kept(request_id)
+        return kept in self._finished and reaches(self._finished[kept])
 
     def in_flight(self) -> list[ActiveRequest]:
         """A snapshot of every in-flight request."""
         return list(self._active.values())
 
-    def remember_session(self, session_id: str) -> None:
-        """A KV session this gateway handed out (``PrefillReady``) or released (``Abort``)."""
+    def remember_session(self, session_id: str, owner: str | None = None) -> None:
+        """A KV session this gateway handed out (``PrefillReady``) or released (``Abort``); the
+        owner it was first remembered with stays."""
         sessions = self._sessions
-        sessions[session_id] = None
+        sessions[session_id] = sessions.get(session_id, owner)
         sessions.move_to_end(session_id)
         if len(sessions) > self._finished_window:
             sessions.popitem(last=False)
 
-    def knows_session(self, session_id: str) -> bool:
-        """True when the session was handed out or released inside the remembered window."""
-        return session_id in self._sessions
+    def knows_session(self, session_id: str, reaches: Reaches = _anyone) -> bool:
+        """True when the session was handed out or released inside the remembered window, and
+        ``reaches`` allows its owner."""
+        return session_id in self._sessions and reaches(self._sessions[session_id])
 
     def with_kv_session(self, session_id: str) -> list[ActiveRequest]:
         """In-flight requests attached to the KV session ``session_id``."""
         return [r for r in self._active.values() if r.kv_session_id == session_id]
+
+    def owner_counts(self) -> dict[str, int]:
+        """In-flight requests per owner (owners with none are left out)."""
+        return dict(self._owned)
 
     def __len__(self) -> int:
         return len(self._active)
@@ -159,4 +205,4 @@ class RequestRegistry:
         self._changed = asyncio.Event()
 
 
-__all__ = ["ActiveRequest", "RequestRegistry"]
+__all__ = ["ActiveRequest", "Reaches", "RequestRegistry"]

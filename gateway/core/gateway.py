@@ -37,6 +37,9 @@ class GatewayOptions:
 
     max_in_flight: int | None = 4096
     """Concurrent requests (all kinds) before RESOURCE_EXHAUSTED (with a retry hint); None = unlimited."""
+    max_in_flight_per_token: int | None = None
+    """Concurrent requests started with one token (by its name) before RESOURCE_EXHAUSTED (with a
+    retry hint), so one client cannot take every slot; None = only ``max_in_flight``."""
     max_subscriptions: int | None = 1024
     """Concurrent KV and runtime event subscriptions before RESOURCE_EXHAUSTED; None = unlimited."""
     max_prompt_chars: int | None = None
@@ -70,7 +73,11 @@ class Gateway:
         self.engines = engines
         self.options = options
         self.state = GatewayState()
-        self.registry = RequestRegistry(finished_window=options.finished_window, max_in_flight=options.max_in_flight)
+        self.registry = RequestRegistry(
+            finished_window=options.finished_window,
+            max_in_flight=options.max_in_flight,
+            max_in_flight_per_owner=options.max_in_flight_per_token,
+        )
         self.background = BackgroundTasks()
         loras = LoraRegistry(options.lora_roots)
         self.telemetry = Telemetry()

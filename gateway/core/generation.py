@@ -30,6 +30,7 @@ from ..spi.events import EventStream, GenerationEvent, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
+from .callers import current_caller
 from .state import GatewayState
 from .telemetry import StreamClock, Telemetry, outcome
 
@@ -91,6 +92,7 @@ class GenerationService:
             "generate",
             engine.served_name,
             kv_session_id=parsed.kv_session.session_id if parsed.kv_session else None,
+            owner=current_caller().owner,
         )
         self._registry.admit(active)
         pump: asyncio.Task[None] | None = None
@@ -141,7 +143,7 @@ class GenerationService:
             if final is not None and final.HasField("prefill_ready"):
                 session_id = final.prefill_ready.kv_session.session_id
                 if written:
-                    self._registry.remember_session(session_id)
+                    self._registry.remember_session(session_id, active.owner)
                 else:  # the client went away while its handoff was being written
                     self._release(engine, session_id)
             if pump is not None:

@@ -13,6 +13,8 @@ from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure
 from ..spi.events import EventStream, OutputFinished, PrefillDone
 from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping, TaskContext, TaskItem
+from .audit import audit
+from .callers import current_caller
 from .generation import pump_events
 from .state import GatewayState
 
@@ -186,42 +188,55 @@ class LifecycleService:
         if target == "kv_session":
             return await self._abort_session(request.kv_session.session_id)
         aborted = self._abort_all("aborted by Abort(all_requests)")
+        audit(f"Abort(all_requests) of {aborted} requests")
         return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"aborted {aborted} requests")
 
     def _abort_request(self, request_id: str) -> pb.AbortResponse:
+        """Abort one request the caller reaches; another caller's is answered as an unknown id."""
         if not request_id:
             raise InvalidArgument("abort request_id must be non-empty")
+        caller = current_caller()
         active = self._registry.get(request_id)
+        if active is not None and not caller.reaches(active.owner):
+            active = None
         if active is not None and not active.ended:
             engine = self._engines.resolve(active.model)
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")
             return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {request_id!r} aborted")
-        if active is not None or self._registry.recently_finished(request_id):
+        if active is not None or self._registry.recently_finished(request_id, caller.reaches):
             return pb.AbortResponse(
                 status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {request_id!r} already finished"
             )
         raise NotFound(f"no request {request_id!r} is in flight or recently finished")
 
     async def _abort_session(self, session_id: str) -> pb.AbortResponse:
+        """Abort a KV session the caller reaches: one it was handed, or one its requests use.
+
+        A caller that does not see every client's requests never makes an engine release a
+        session it cannot show is its own, and is answered as for an unknown session."""
         if not session_id:
             raise InvalidArgument("abort kv_session.session_id must be non-empty")
-        attached = self._registry.with_kv_session(session_id)
+        caller = current_caller()
+        registry = self._registry
+        attached = [active for active in registry.with_kv_session(session_id) if caller.reaches(active.owner)]
+        if not caller.sees_all and not attached and not registry.knows_session(session_id, caller.reaches):
+            raise NotFound(f"no KV session {session_id!r} is open")
         for active in attached:
             active.abort(f"KV session {session_id!r} aborted")
         released = False
         for engine in self._engines:
             released = await engine.backend.abort_kv_session(session_id) or released
         if not attached and not released:
-            if self._registry.knows_session(session_id):
+            if registry.knows_session(session_id, caller.reaches):
                 return pb.AbortResponse(
                     status=pb.ABORT_STATUS_ALREADY_FINISHED,
                     message=f"KV session {session_id!r} holds nothing an Abort can release (pulled, expired, "
                     "released, or freed by its engine alone)",
                 )
             raise NotFound(f"no KV session {session_id!r} is open")
-        self._registry.remember_session(session_id)
+        registry.remember_session(session_id, caller.owner)
         return pb.AbortResponse(
             status=pb.ABORT_STATUS_ABORTED,
             message=f"KV session {session_id!r} aborted ({len(attached)} attached requests)",
@@ -238,6 +253,10 @@ class LifecycleService:
     async def drain(self, request: pb.DrainRequest) -> AsyncIterator[pb.DrainResponse]:
         """STARTED, IN_PROGRESS on every change, then COMPLETE (or one terminal error)."""
         loop = asyncio.get_running_loop()
+        audit(
+            f"Drain (stop accepting: {request.stop_accepting_new_requests}, abort after deadline: "
+            f"{request.abort_after_deadline})"
+        )
         if request.stop_accepting_new_requests:
             self._state.draining = True
         deadline = loop.time() + request.deadline_ms / 1000 if request.HasField("deadline_ms") else None

@@ -7,7 +7,8 @@ import asyncio
 from .. import pb
 from ..contract.lora import LoraRegistry, adapter_to_proto
 from ..engines import Engine, EngineSet
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, clip
+from .audit import audit
 
 
 class LoraService:
@@ -28,6 +29,7 @@ class LoraService:
 
     async def load(self, request: pb.LoadLoraRequest) -> pb.LoadLoraResponse:
         """Load an adapter everywhere it can be served; idempotent for the same adapter."""
+        audit(f"LoadLora of {clip(request.adapter.lora_name)} from {clip(request.adapter.source_path)}")
         engines = self._lora_engines()
         if not request.HasField("adapter"):
             raise InvalidArgument("adapter is required")
@@ -43,6 +45,7 @@ class LoraService:
 
     async def unload(self, request: pb.UnloadLoraRequest) -> pb.UnloadLoraResponse:
         """Unload an adapter by name."""
+        audit(f"UnloadLora of {clip(request.lora_name)}")
         engines = self._lora_engines()
         if not request.lora_name:
             raise InvalidArgument("lora_name is required")

@@ -25,6 +25,7 @@ from ..logs import bind_request_id
 from ..spi.requests import TaskContext
 from .aborts import abort_then_release
 from .background import BackgroundTasks
+from .callers import current_caller
 from .state import GatewayState
 from .telemetry import Telemetry, outcome
 
@@ -96,7 +97,7 @@ class TaskService:
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
-            active = ActiveRequest(context.request_id, "task", engine.served_name)
+            active = ActiveRequest(context.request_id, "task", engine.served_name, owner=current_caller().owner)
             self._registry.admit(active)
         except BaseException:
             _close(work)

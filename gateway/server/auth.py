@@ -1,21 +1,33 @@
-"""Bearer-token authentication with two scopes: inference and control.
+"""Bearer-token authentication with three scopes: inference, observer and control.
 
 A client sends ``authorization: Bearer <token>`` metadata on every call, unary or streaming.
+What each RPC needs is one table, ``RPC_ACCESS``, and what each scope reaches another,
+``SCOPE_ACCESS``; the docs' threat model is checked against both.
 
-* **Inference** RPCs (Generate, the tasks, discovery, Health, ListLoras, the event
-  subscriptions, Abort of one request or KV session, and server reflection) need an
-  inference or a control token once any inference token is configured.
-* **Control** RPCs (Abort of ``all_requests``, Drain, LoadLora, UnloadLora) need a control
-  token; with no control token configured they fall back to the inference tokens, so a
-  gateway with one token is simply closed, never open to control.
-* A control token grants inference too: an operator's token can do everything.
-* ``grpc.health.v1`` is exempt: load balancers and Kubernetes probes cannot send tokens,
-  and it reveals only SERVING or NOT_SERVING.
+* **Discovery** (GetEngineInfo, GetModelInfo, GetLoad, Health, ListLoras, the KV connector and
+  event-source lookups, server reflection): any valid token.
+* **Inference** (Generate, Embed, Classify, Score, Abort of one request or KV session): an
+  inference or control token. Abort reaches only what the same token started (``core.callers``);
+  a control token reaches every client's.
+* **Observe** (SubscribeKvEvents, SubscribeRuntimeEvents): an observer or control token. The
+  streams carry every client's request ids and token ids, so an inference token never reads them.
+* **Control** (Abort of ``all_requests``, Drain, LoadLora, UnloadLora): a control token.
 
-A missing or unknown token is UNAUTHENTICATED; a valid token without the scope the call
-needs is PERMISSION_DENIED. Tokens are kept only as SHA-256 digests and compared with
+A control token grants everything. With no control token configured the inference tokens are
+control tokens, so a gateway with one token is simply closed, never open to control; observer
+tokens stay observers. A kind of call needs a token once a token that grants it (other than a
+control token) is configured, and control calls once any token is: with no tokens configured
+nothing is checked. ``grpc.health.v1`` is exempt: load balancers and Kubernetes probes cannot
+send tokens, and it reveals only SERVING or NOT_SERVING.
+
+A token file holds one token a line, optionally after a name (``alice s3cr3t``); a token without
+one is named by its scope and position (``inference-2``). Names label metrics, log lines and
+request ownership; tokens never do. Tokens are kept only as SHA-256 digests and compared with
 ``hmac.compare_digest`` against every configured digest (no early exit), so neither the
 comparison's time nor a log line or repr reveals a token.
+
+A missing or unknown token is UNAUTHENTICATED; a valid token without the scope the call needs is
+PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -25,8 +37,11 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from .. import pb
 from ..config import ConfigError
@@ -38,36 +53,116 @@ TOKENS_ENV = "OPENENGINE_AUTH_TOKENS"
 """Comma-separated inference tokens, in addition to any token file."""
 CONTROL_TOKENS_ENV = "OPENENGINE_CONTROL_TOKENS"
 """Comma-separated control tokens, in addition to any control token file."""
-
-CONTROL_RPCS = frozenset({"Drain", "LoadLora", "UnloadLora"})
-"""RPCs that always need the control scope (Abort needs it only for ``all_requests``)."""
-
-
-class Scope(enum.IntEnum):
-    """What a token may do; a higher scope includes the lower."""
-
-    INFERENCE = 1
-    CONTROL = 2
+OBSERVER_TOKENS_ENV = "OPENENGINE_OBSERVER_TOKENS"
+"""Comma-separated observer tokens, in addition to any observer token file."""
 
 
-def static_scope(rpc: str) -> Scope:
-    """The scope an OpenEngine RPC needs before its request is read."""
-    return Scope.CONTROL if rpc in CONTROL_RPCS else Scope.INFERENCE
+class Scope(enum.Enum):
+    """What a token is: the scope it was configured with."""
+
+    INFERENCE = "inference"
+    OBSERVER = "observer"
+    CONTROL = "control"
 
 
-def request_scope(rpc: str, request: object) -> Scope:
-    """The scope a call needs given its request: Abort of every request is control."""
+class Access(enum.Enum):
+    """What a call needs."""
+
+    DISCOVERY = "discovery"
+    INFERENCE = "inference"
+    OBSERVE = "observe"
+    CONTROL = "control"
+
+
+RPC_ACCESS: Mapping[str, Access] = MappingProxyType(
+    {
+        "Generate": Access.INFERENCE,
+        "Embed": Access.INFERENCE,
+        "Classify": Access.INFERENCE,
+        "Score": Access.INFERENCE,
+        "Abort": Access.INFERENCE,  # of all_requests: CONTROL (request_access)
+        "GetEngineInfo": Access.DISCOVERY,
+        "GetModelInfo": Access.DISCOVERY,
+        "GetLoad": Access.DISCOVERY,
+        "Health": Access.DISCOVERY,
+        "ListLoras": Access.DISCOVERY,
+        "GetKvConnectorInfo": Access.DISCOVERY,
+        "GetKvEventSources": Access.DISCOVERY,
+        "SubscribeKvEvents": Access.OBSERVE,
+        "SubscribeRuntimeEvents": Access.OBSERVE,
+        "Drain": Access.CONTROL,
+        "LoadLora": Access.CONTROL,
+        "UnloadLora": Access.CONTROL,
+    }
+)
+"""What each OpenEngine RPC needs before its request is read."""
+
+SCOPE_ACCESS: Mapping[Scope, frozenset[Access]] = MappingProxyType(
+    {
+        Scope.INFERENCE: frozenset({Access.DISCOVERY, Access.INFERENCE}),
+        Scope.OBSERVER: frozenset({Access.DISCOVERY, Access.OBSERVE}),
+        Scope.CONTROL: frozenset(Access),
+    }
+)
+"""What each scope reaches."""
+
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def static_access(rpc: str) -> Access:
+    """What an RPC needs before its request is read (an unknown name: discovery, as reflection)."""
+    return RPC_ACCESS.get(rpc, Access.DISCOVERY)
+
+
+def request_access(rpc: str, request: object) -> Access:
+    """What a call needs given its request: Abort of every request is control."""
     if rpc == "Abort" and isinstance(request, pb.AbortRequest) and request.WhichOneof("target") == "all_requests":
-        return Scope.CONTROL
-    return static_scope(rpc)
+        return Access.CONTROL
+    return static_access(rpc)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A valid token's name (never the token) and what it reaches."""
+
+    name: str
+    scope: Scope
+
+    def allows(self, access: Access) -> bool:
+        """Whether this token may make a call needing ``access``."""
+        return access in SCOPE_ACCESS[self.scope]
+
+
+NamedToken = tuple[str, str]
+"""``(name, token)``."""
 
 
 class TokenAuth:
-    """The configured tokens of both scopes and the checks made with them."""
+    """The configured tokens of every scope and the checks made with them.
 
-    def __init__(self, inference: Iterable[str] = (), control: Iterable[str] = ()) -> None:
-        self._inference = tuple(_digest(token.encode()) for token in inference)
-        self._control = tuple(_digest(token.encode()) for token in control)
+    Each scope takes tokens (named by scope and position) or ``(name, token)`` pairs."""
+
+    def __init__(
+        self,
+        inference: Iterable[str | NamedToken] = (),
+        control: Iterable[str | NamedToken] = (),
+        observer: Iterable[str | NamedToken] = (),
+    ) -> None:
+        given = {Scope.INFERENCE: list(inference), Scope.CONTROL: list(control), Scope.OBSERVER: list(observer)}
+        self._counts = {scope: len(tokens) for scope, tokens in given.items()}
+        promote = not given[Scope.CONTROL]  # no control token: inference tokens are control
+        self._tokens: list[tuple[bytes, Grant]] = []
+        names: set[str] = set()
+        for scope, tokens in given.items():
+            granted = Scope.CONTROL if promote and scope is Scope.INFERENCE else scope
+            for number, entry in enumerate(tokens, 1):
+                name, token = entry if isinstance(entry, tuple) else (f"{scope.value}-{number}", entry)
+                if not _NAME.fullmatch(name):
+                    raise ConfigError(f"token name {name[:64]!r} is not 1-64 of A-Z a-z 0-9 _ . : -")
+                if name in names:
+                    raise ConfigError(f"token name {name!r} is used twice; each token needs its own name")
+                names.add(name)
+                self._tokens.append((_digest(token.encode()), Grant(name, granted)))
 
     @classmethod
     def from_sources(
@@ -75,46 +170,68 @@ class TokenAuth:
         *,
         token_files: Sequence[Path] = (),
         control_token_files: Sequence[Path] = (),
+        observer_token_files: Sequence[Path] = (),
         environ: Mapping[str, str] = os.environ,
     ) -> TokenAuth | None:
-        """Tokens from files (one per line, ``#`` comments) and environment; None when there are none."""
-        inference = [token for path in token_files for token in read_tokens(path)]
-        control = [token for path in control_token_files for token in read_tokens(path)]
-        inference += _split(environ.get(TOKENS_ENV, ""), TOKENS_ENV)
-        control += _split(environ.get(CONTROL_TOKENS_ENV, ""), CONTROL_TOKENS_ENV)
-        if not inference and not control:
+        """Tokens from files (``[name] token`` a line, ``#`` comments) and environment; None when there are none."""
+        sources = (
+            (token_files, TOKENS_ENV),
+            (control_token_files, CONTROL_TOKENS_ENV),
+            (observer_token_files, OBSERVER_TOKENS_ENV),
+        )
+        inference, control, observer = (
+            [token for path in files for token in read_tokens(path)] + _split(environ.get(env, ""), env)
+            for files, env in sources
+        )
+        if not inference and not control and not observer:
             return None
-        return cls(inference, control)
+        return cls(inference, control, observer)
 
     def __repr__(self) -> str:
-        return f"TokenAuth({len(self._inference)} inference, {len(self._control)} control tokens)"
+        counts = ", ".join(f"{count} {scope.value}" for scope, count in self._counts.items())
+        return f"TokenAuth({counts} tokens)"
 
-    def needs_token(self, scope: Scope) -> bool:
-        """Whether calls needing ``scope`` must present a token."""
-        if scope is Scope.INFERENCE:
-            return bool(self._inference)
-        return bool(self._control or self._inference)
+    @property
+    def tenants_share_control(self) -> bool:
+        """Several inference tokens and no control token: each is a control token over the others."""
+        return self._counts[Scope.INFERENCE] > 1 and not self._counts[Scope.CONTROL]
 
-    def grant(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Scope | None:
-        """The scope the call's bearer token grants; None when it has no valid token."""
+    @property
+    def names(self) -> list[str]:
+        """Every token's name, in configuration order."""
+        return [grant.name for _, grant in self._tokens]
+
+    def needs_token(self, access: Access) -> bool:
+        """Whether calls needing ``access`` must present a token."""
+        counts = self._counts
+        inference, observer = counts[Scope.INFERENCE], counts[Scope.OBSERVER]
+        if access is Access.DISCOVERY or access is Access.INFERENCE:
+            return bool(inference)
+        if access is Access.OBSERVE:
+            return bool(inference or observer)
+        return bool(self._tokens)
+
+    def grant(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Grant | None:
+        """What the call's bearer token grants; None when it has no valid token."""
         token = bearer_token(metadata)
         if token is None:
             return None
         presented = _digest(token)
-        control = _matches(presented, self._control)
-        inference = _matches(presented, self._inference)
-        if control or (inference and not self._control):
-            return Scope.CONTROL
-        return Scope.INFERENCE if inference else None
+        found: Grant | None = None
+        for digest, grant in self._tokens:  # every digest compared, whatever matches first
+            if hmac.compare_digest(presented, digest):
+                found = grant
+        return found
 
-    def check(self, needed: Scope, granted: Scope | None) -> RequestError | None:
+    def check(self, needed: Access, granted: Grant | None) -> RequestError | None:
         """The rejection for a call needing ``needed`` from a client granted ``granted``, if any."""
         if not self.needs_token(needed):
             return None
         if granted is None:
             return Unauthenticated("a valid bearer token is required (metadata 'authorization: Bearer <token>')")
-        if granted < needed:
-            return PermissionDenied("this token may not call control RPCs (Abort of all requests, Drain, LoRA)")
+        if not granted.allows(needed):
+            reaches = ", ".join(sorted(access.value for access in SCOPE_ACCESS[granted.scope]))
+            return PermissionDenied(f"a {granted.scope.value} token reaches {reaches} calls, not {needed.value}")
         return None
 
 
@@ -132,8 +249,9 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> bytes | 
     return None
 
 
-def read_tokens(path: Path) -> list[str]:
-    """The tokens of a token file; an unreadable or empty file is a configuration error."""
+def read_tokens(path: Path) -> list[str | NamedToken]:
+    """The tokens of a token file (``token`` or ``name token`` a line); an unreadable or empty
+    file is a configuration error."""
     try:
         text = path.read_text(encoding="utf-8")
         mode = path.stat().st_mode
@@ -141,19 +259,23 @@ def read_tokens(path: Path) -> list[str]:
         raise ConfigError(f"{path}: cannot read the token file: {exc}") from None
     if mode & 0o077:
         log.warning("token file %s is readable by other users; chmod 600 it", path)
-    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if not tokens:
+    lines = [line.split() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
         raise ConfigError(f"{path}: the token file holds no token")
-    for number, token in enumerate(tokens, 1):
-        _validate(token, f"{path}: token {number}")
+    tokens: list[str | NamedToken] = []
+    for number, fields in enumerate(lines, 1):
+        if len(fields) > 2:
+            raise ConfigError(f"{path}: line {number} is not 'token' or 'name token'")  # the line is not echoed
+        _validate(fields[-1], f"{path}: token {number}")
+        tokens.append((fields[0], fields[1]) if len(fields) == 2 else fields[0])
     return tokens
 
 
-def _split(value: str, source: str) -> list[str]:
+def _split(value: str, source: str) -> list[str | NamedToken]:
     tokens = [part.strip() for part in value.split(",") if part.strip()]
     for number, token in enumerate(tokens, 1):
         _validate(token, f"${source}: token {number}")
-    return tokens
+    return list(tokens)
 
 
 def _validate(token: str, where: str) -> None:
@@ -166,22 +288,19 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-def _matches(presented: bytes, digests: tuple[bytes, ...]) -> bool:
-    """Constant-time membership: every digest is compared, whatever matches first."""
-    found = False
-    for digest in digests:
-        found |= hmac.compare_digest(presented, digest)
-    return found
-
-
 __all__ = [
-    "CONTROL_RPCS",
     "CONTROL_TOKENS_ENV",
+    "OBSERVER_TOKENS_ENV",
+    "RPC_ACCESS",
+    "SCOPE_ACCESS",
     "TOKENS_ENV",
+    "Access",
+    "Grant",
+    "NamedToken",
     "Scope",
     "TokenAuth",
     "bearer_token",
     "read_tokens",
-    "request_scope",
-    "static_scope",
+    "request_access",
+    "static_access",
 ]

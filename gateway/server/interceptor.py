@@ -7,13 +7,15 @@ Every OpenEngine call passes through it once:
 2. a request that does not parse as its message type ends with INVALID_ARGUMENT (gRPC would
    otherwise answer UNKNOWN with the parser's exception);
 3. Abort of ``all_requests`` is checked for the control scope once its request is parsed;
-4. the call's final status code is counted by RPC (``on_finished``).
+4. the caller (its token's name, scope and peer) is bound for the core (``core.callers``), which
+   gives a token only its own requests; a PERMISSION_DENIED is written to the audit record;
+5. the call's final status code is counted by RPC (``on_finished``).
 
 The handler it returns relays the servicer's messages through one thin async-generator
-layer, so the per-message cost on a stream is a generator step, nothing more. That handler
-is built once per method and reused by every call: only Abort, whose needed scope depends on
-its request, gets one per call when tokens are configured. ``grpc.health.v1`` passes
-untouched; reflection only needs a token.
+layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
+that handler is built once per method and reused by every call, except for the audited RPCs
+(Abort, Drain, LoRA), which bind their caller; with tokens each call gets its own, bound to its
+token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health
 
 from .. import pb
-from ..errors import InvalidArgument, RequestError
-from .auth import Scope, TokenAuth, request_scope, static_scope
+from ..core.audit import audit
+from ..core.callers import Caller, bind_caller
+from ..errors import InvalidArgument, PermissionDenied, RequestError
+from .auth import Access, Grant, Scope, TokenAuth, request_access, static_access
 from .servicer import reject
 
 _PREFIX = f"/{pb.SERVICE_NAME}/"
@@ -40,6 +44,9 @@ _UnaryUnary = Callable[[Any, _Context], Awaitable[object]]
 
 RpcFinished = Callable[[str, str], None]
 """Called with the RPC name and its final status code name (``OK``, ``CANCELLED``...)."""
+
+AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora"})
+"""RPCs whose caller is bound even without tokens, for the audit record."""
 
 
 class _Undecodable:
@@ -73,27 +80,59 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or method.startswith(_EXEMPT_PREFIX):
             return handler
-        granted = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
+        grant = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
         if not method.startswith(_PREFIX):
-            error = auth.check(Scope.INFERENCE, granted) if auth is not None else None
-            return handler if error is None else _rejecting(handler, error)
+            error = auth.check(Access.DISCOVERY, grant) if auth is not None else None
+            return handler if error is None else _rejecting(handler, error, method, grant)
         rpc = method[len(_PREFIX) :]
         if auth is not None:
-            error = auth.check(static_scope(rpc), granted)
+            error = auth.check(static_access(rpc), grant)
             if error is not None:
                 self._on_finished(rpc, error.status.name)
-                return _rejecting(handler, error)
-            if rpc == "Abort":  # its scope depends on the request: checked by a handler of its own
-                return _relaying(handler, rpc, self._on_finished, auth, granted)
+                return _rejecting(handler, error, rpc, grant)
+            return _relaying(handler, rpc, self._on_finished, _Identity(auth, grant))
+        if rpc in AUDITED_RPCS:
+            return _relaying(handler, rpc, self._on_finished, _Identity(None, None))
         if relay is None:
             relay = self._relays[method] = _relaying(handler, rpc, self._on_finished)
         return relay
 
 
-def _rejecting(handler: grpc.RpcMethodHandler[Any, Any], error: RequestError) -> grpc.RpcMethodHandler[Any, Any]:
+class _Identity:
+    """What the interceptor learnt of a call before its request: the tokens, and its token's grant."""
+
+    __slots__ = ("auth", "grant")
+
+    def __init__(self, auth: TokenAuth | None, grant: Grant | None) -> None:
+        self.auth = auth
+        self.grant = grant
+
+    def caller(self, rpc: str, context: _Context) -> Caller:
+        """The call's identity for the core; a certificate's subject is read only for an audit line."""
+        grant = self.grant
+        if grant is None:
+            subject = _subject(context) if rpc in AUDITED_RPCS else None
+            return Caller(peer=context.peer(), subject=subject)
+        return Caller(grant.name, sees_all=grant.scope is Scope.CONTROL, peer=context.peer())
+
+
+def _subject(context: _Context) -> str | None:
+    """The client certificate's subject (or common name) under mutual TLS."""
+    properties = context.auth_context()
+    for key in ("x509_subject", "x509_common_name"):
+        for value in properties.get(key, ()):
+            return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def _rejecting(
+    handler: grpc.RpcMethodHandler[Any, Any], error: RequestError, rpc: str, grant: Grant | None
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same kind that ends the call with ``error`` without reading its request."""
 
     async def refuse(_request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if isinstance(error, PermissionDenied):
+            audit(f"PERMISSION_DENIED on {rpc}", _Identity(None, grant).caller(rpc, context))
         await reject(context, error)
 
     if handler.request_streaming and handler.response_streaming:
@@ -106,14 +145,10 @@ def _rejecting(handler: grpc.RpcMethodHandler[Any, Any], error: RequestError) ->
 
 
 def _relaying(
-    handler: grpc.RpcMethodHandler[Any, Any],
-    rpc: str,
-    on_finished: RpcFinished,
-    auth: TokenAuth | None = None,
-    granted: Scope | None = None,
+    handler: grpc.RpcMethodHandler[Any, Any], rpc: str, on_finished: RpcFinished, identity: _Identity | None = None
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """The servicer's handler behind the decode guard, status counting and, given ``auth``, the
-    request-dependent scope check of a call granted ``granted``."""
+    """The servicer's handler behind the decode guard and status counting; given ``identity``,
+    the request-dependent scope check and the caller bound for the core."""
     parse = handler.request_deserializer
 
     def deserialize(data: bytes) -> object:
@@ -125,10 +160,17 @@ def _relaying(
     async def admit(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if isinstance(request, _Undecodable):
             await reject(context, InvalidArgument(f"the request is not a valid {rpc} request: {request.error}"))
+        if identity is None:
+            return
+        caller = identity.caller(rpc, context)
+        auth = identity.auth
         if auth is not None:
-            error = auth.check(request_scope(rpc, request), granted)
+            error = auth.check(request_access(rpc, request), identity.grant)
             if error is not None:
+                if isinstance(error, PermissionDenied):
+                    audit(f"PERMISSION_DENIED on {rpc}", caller)
                 await reject(context, error)
+        bind_caller(caller)
 
     if handler.response_streaming:
         inner_stream = cast(_UnaryStream, handler.unary_stream)  # the grpc stubs type only sync handlers

@@ -1,8 +1,9 @@
 """Shared pieces of the operations proofs: one valid call per RPC, and how to run one.
 
 ``CALLS`` holds one call of every OpenEngine RPC (17), plus Abort of all requests, each with
-the scope its token needs. ``outcome`` runs a call and reports its status code; a stream
-that is still open after a moment counts as admitted (``OPEN``).
+the scope its token needs (control, observe, or else inference; discovery calls are marked too).
+``outcome`` runs a call and reports its status code; a stream that is still open after a moment
+counts as admitted (``OPEN``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class Call:
     streaming: bool
     control: bool
     request: Callable[[Path], Any]
+    observe: bool = False
+    """Needs an observer (or control) token: the event streams."""
+    discovery: bool = False
+    """Any valid token reaches it."""
 
     @property
     def label(self) -> str:
@@ -58,20 +63,20 @@ CALLS: tuple[Call, ...] = (
     Call("Embed", False, False, lambda _: pb.EmbedRequest(context=_context(), inputs=[_item()])),
     Call("Classify", False, False, lambda _: pb.ClassifyRequest(context=_context(), inputs=[_item()])),
     Call("Score", False, False, lambda _: _score()),
-    Call("GetEngineInfo", False, False, lambda _: pb.GetEngineInfoRequest()),
-    Call("GetModelInfo", False, False, lambda _: pb.GetModelInfoRequest(model="mock")),
-    Call("GetLoad", False, False, lambda _: pb.GetLoadRequest()),
-    Call("Health", False, False, lambda _: pb.HealthRequest()),
+    Call("GetEngineInfo", False, False, lambda _: pb.GetEngineInfoRequest(), discovery=True),
+    Call("GetModelInfo", False, False, lambda _: pb.GetModelInfoRequest(model="mock"), discovery=True),
+    Call("GetLoad", False, False, lambda _: pb.GetLoadRequest(), discovery=True),
+    Call("Health", False, False, lambda _: pb.HealthRequest(), discovery=True),
     Call("Abort", False, False, lambda _: pb.AbortRequest(request_id="no-such-request")),
     Call("Abort", False, True, lambda _: pb.AbortRequest(all_requests=pb.AllRequests())),
     Call("Drain", True, True, lambda _: pb.DrainRequest()),
     Call("LoadLora", False, True, lambda root: pb.LoadLoraRequest(adapter=_adapter(root))),
     Call("UnloadLora", False, True, lambda _: pb.UnloadLoraRequest(lora_name="ops-adapter")),
-    Call("ListLoras", False, False, lambda _: pb.ListLorasRequest()),
-    Call("GetKvConnectorInfo", False, False, lambda _: pb.GetKvConnectorInfoRequest()),
-    Call("GetKvEventSources", False, False, lambda _: pb.GetKvEventSourcesRequest()),
-    Call("SubscribeKvEvents", True, False, lambda _: pb.SubscribeKvEventsRequest()),
-    Call("SubscribeRuntimeEvents", True, False, lambda _: pb.SubscribeRuntimeEventsRequest()),
+    Call("ListLoras", False, False, lambda _: pb.ListLorasRequest(), discovery=True),
+    Call("GetKvConnectorInfo", False, False, lambda _: pb.GetKvConnectorInfoRequest(), discovery=True),
+    Call("GetKvEventSources", False, False, lambda _: pb.GetKvEventSourcesRequest(), discovery=True),
+    Call("SubscribeKvEvents", True, False, lambda _: pb.SubscribeKvEventsRequest(), observe=True),
+    Call("SubscribeRuntimeEvents", True, False, lambda _: pb.SubscribeRuntimeEventsRequest(), observe=True),
 )
 
 

@@ -1,9 +1,10 @@
 """Tokens, scopes, TLS and mutual TLS over real sockets, for every RPC.
 
-A gateway with an inference token and a control token: without a valid token every call is
-UNAUTHENTICATED; the inference token reaches every inference RPC and is PERMISSION_DENIED on
-the control ones (Abort of all requests, Drain, LoRA load/unload); the control token reaches
-everything. grpc.health.v1 stays open for probes; reflection needs a token. No token reaches
+A gateway with an inference, an observer and a control token: without a valid token every call
+is UNAUTHENTICATED; the inference token reaches every inference and discovery RPC and is
+PERMISSION_DENIED on the event streams and the control ones (Abort of all requests, Drain, LoRA
+load/unload); the observer token reaches discovery and the event streams only; the control
+token reaches everything. grpc.health.v1 stays open for probes; reflection needs a token. No token reaches
 a log line.
 """
 
@@ -28,6 +29,7 @@ from tests.ops.support import CALLS, gateway, outcome
 
 INFERENCE = "inference-token-0123456789"
 CONTROL = "control-token-9876543210"
+OBSERVER = "observer-token-5647382910"
 REFUSED = {"UNAUTHENTICATED", "PERMISSION_DENIED"}
 
 
@@ -36,7 +38,7 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def tokens() -> ServerOptions:
-    return ServerOptions(auth=TokenAuth([INFERENCE], [CONTROL]))
+    return ServerOptions(auth=TokenAuth([INFERENCE], [CONTROL], [OBSERVER]))
 
 
 async def test_every_rpc_without_a_valid_token_is_unauthenticated(
@@ -60,12 +62,28 @@ async def test_the_inference_scope_reaches_inference_rpcs_only(
     async with gateway(server=tokens()) as running:
         for call in CALLS:
             code = await outcome(running.stub, call, tmp_path, metadata=bearer(INFERENCE))
-            if call.control:
+            if call.control or call.observe:
                 assert code == "PERMISSION_DENIED", call.label
             else:
                 assert code not in REFUSED, (call.label, code)
         assert not running.gateway.state.draining
     assert INFERENCE not in caplog.text
+    assert "audit: PERMISSION_DENIED on Drain by token 'inference-1' from ipv4:127.0.0.1:" in caplog.text
+
+
+async def test_the_observer_scope_reaches_discovery_and_the_event_streams_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with gateway(server=tokens()) as running:
+        for call in CALLS:
+            code = await outcome(running.stub, call, tmp_path, metadata=bearer(OBSERVER))
+            if call.observe or call.discovery:
+                assert code not in REFUSED, (call.label, code)
+            else:
+                assert code == "PERMISSION_DENIED", call.label
+        assert len(running.gateway.registry) == 0 and not running.gateway.state.draining
+    assert OBSERVER not in caplog.text
 
 
 async def test_the_control_scope_reaches_every_rpc(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -83,7 +101,7 @@ async def test_every_call_is_checked_after_the_method_has_served_one(tmp_path: P
         for call in CALLS:
             assert await outcome(running.stub, call, tmp_path, metadata=bearer(CONTROL)) not in REFUSED, call.label
             assert await outcome(running.stub, call, tmp_path) == "UNAUTHENTICATED", call.label
-            expected = "PERMISSION_DENIED" if call.control else None
+            expected = "PERMISSION_DENIED" if call.control or call.observe else None
             code = await outcome(running.stub, call, tmp_path, metadata=bearer(INFERENCE))
             assert code == expected if expected else code not in REFUSED, (call.label, code)
 

@@ -12,13 +12,14 @@ import asyncio
 import logging
 from pathlib import Path
 
+import grpc
 import pytest
 from openengine_gateway import pb
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
 
 from tests.ops.raw_h2 import raw_call
-from tests.ops.support import gateway
+from tests.ops.support import CALLS, OPEN, gateway, outcome
 from tests.process import gateway_process
 
 TOKEN = "hostile-5ecret-d1stinct-41c9"
@@ -59,3 +60,78 @@ async def test_the_command_logs_no_token_from_undecodable_metadata(tmp_path: Pat
     text = process.log.read_text()
     assert "not UTF-8" in text
     assert "d1stinct" not in text
+
+
+ALICE, BOB, OPERATOR, ROUTER = "alice-tok-1a2b3c", "bob-tok-4d5e6f", "operator-tok-7a8b9c", "router-tok-0d1e2f"
+
+
+def _tenants(**settings: object) -> ServerOptions:
+    """Two tenants' inference tokens, an operator's control token and a router's observer token."""
+    auth = TokenAuth([("alice", ALICE), ("bob", BOB)], [("operator", OPERATOR)], [("router", ROUTER)])
+    return ServerOptions(auth=auth, **settings)  # type: ignore[arg-type]
+
+
+def _as(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+async def _abort_answer(stub: pb.OpenEngineStub, request: pb.AbortRequest, token: str) -> tuple[str, str]:
+    """The status (or AbortStatus) and message an Abort gets."""
+    try:
+        response = await stub.Abort(request, metadata=_as(token), timeout=5)
+    except grpc.aio.AioRpcError as error:
+        return error.code().name, error.details() or ""
+    return pb.AbortStatus.Name(response.status), response.message
+
+
+async def test_a_token_cannot_abort_or_even_see_another_tokens_requests() -> None:
+    async with gateway(server=_tenants(), decode_time_per_step_s=0.02) as running:
+        stub = running.stub
+        request = pb.GenerateRequest(request_id="alice-1", model="mock", prompt="hi")
+        request.stopping.max_tokens = 500
+        stream = stub.Generate(request, metadata=_as(ALICE))
+        await anext(aiter(stream))
+        by_id = pb.AbortRequest(request_id="alice-1")
+        unknown = pb.AbortRequest(request_id="nobody-1")
+        # Bob gets exactly what an id nobody used gets: nothing tells him alice-1 exists.
+        seen_by_bob = await _abort_answer(stub, by_id, BOB)
+        never_used = await _abort_answer(stub, unknown, BOB)
+        assert seen_by_bob[0] == never_used[0] == "NOT_FOUND"
+        assert seen_by_bob[1] == never_used[1].replace("nobody-1", "alice-1")
+        assert not running.gateway.registry.get("alice-1").aborted  # type: ignore[union-attr]
+        # The event streams are an observer's: a tenant cannot read every client's requests.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in stub.SubscribeRuntimeEvents(pb.SubscribeRuntimeEventsRequest(), metadata=_as(BOB)):
+                break
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # Alice reaches her own; the operator (control) reaches everyone's.
+        assert (await _abort_answer(stub, by_id, ALICE))[0] == "ABORT_STATUS_ABORTED"
+        stream.cancel()
+        assert (await _abort_answer(stub, by_id, BOB))[0] == "NOT_FOUND"  # finished: still not his
+        assert (await _abort_answer(stub, by_id, OPERATOR))[0] == "ABORT_STATUS_ALREADY_FINISHED"
+
+
+async def test_a_token_cannot_release_another_tokens_kv_session() -> None:
+    async with gateway(server=_tenants(), role="prefill") as running:
+        stub = running.stub
+        request = pb.GenerateRequest(request_id="alice-prefill", model="mock", prompt="a shared prefix")
+        responses = [r async for r in stub.Generate(request, metadata=_as(ALICE))]
+        session = responses[-1].prefill_ready.kv_session.session_id
+        assert session
+        target = pb.AbortRequest(kv_session=pb.KvSessionRef(session_id=session))
+        unknown = pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="no-such-session"))
+        seen_by_bob = await _abort_answer(stub, target, BOB)
+        never_used = await _abort_answer(stub, unknown, BOB)
+        assert seen_by_bob[0] == never_used[0] == "NOT_FOUND"
+        assert seen_by_bob[1] == never_used[1].replace("no-such-session", session)
+        assert (await _abort_answer(stub, target, ALICE))[0] == "ABORT_STATUS_ABORTED"  # still held: released now
+
+
+async def test_the_event_streams_are_the_observers_and_the_operators(tmp_path: Path) -> None:
+    streams = [call for call in CALLS if call.observe]
+    async with gateway(server=_tenants()) as running:
+        for call in streams:
+            for token in (ROUTER, OPERATOR):
+                assert await outcome(running.stub, call, tmp_path, metadata=_as(token)) == OPEN, call.label
+            for token in (ALICE, BOB):
+                assert await outcome(running.stub, call, tmp_path, metadata=_as(token)) == "PERMISSION_DENIED"

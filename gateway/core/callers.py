@@ -1,0 +1,60 @@
+"""Who is calling: the transport binds it to the call's task, the core reads it.
+
+A token's requests are its own: ``Abort`` by request id or KV session reaches only what the
+same caller started, unless the caller sees every client's (a control token, or any caller
+when no tokens are configured). A request another caller owns is answered exactly as one that
+does not exist, so a client cannot learn another's ids. The name also keys the per-token
+in-flight limit and metrics, and the audit log's lines; it is a token's *name*, never the token.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The identity of one call, as far as the transport knows it."""
+
+    name: str | None = None
+    """The token's name; None without a token."""
+    sees_all: bool = True
+    """Reaches every client's requests (control scope, or no tokens configured)."""
+    peer: str = ""
+    """The client's address, as grpc reports it (``ipv4:127.0.0.1:5123``)."""
+    subject: str | None = None
+    """The client certificate's subject under mutual TLS."""
+
+    @property
+    def owner(self) -> str | None:
+        """What a request this caller starts is owned by: its token's name (None: nobody's)."""
+        return self.name
+
+    def reaches(self, owner: str | None) -> bool:
+        """Whether this caller may see or abort a request owned by ``owner``."""
+        return self.sees_all or (owner is not None and owner == self.name)
+
+    def describe(self) -> str:
+        """For an audit line: the token's name or the certificate's subject, and the peer."""
+        who = f"token {self.name!r}" if self.name else f"certificate {self.subject!r}" if self.subject else "anonymous"
+        return f"{who} from {self.peer or 'an unknown peer'}"
+
+
+ANYONE = Caller()
+"""A caller with no identity that reaches everything: no tokens, or a call the core makes itself."""
+
+_CALLER: ContextVar[Caller] = ContextVar("openengine_caller", default=ANYONE)
+
+
+def bind_caller(caller: Caller) -> None:
+    """Make ``caller`` the identity of everything the current task does from now on."""
+    _CALLER.set(caller)
+
+
+def current_caller() -> Caller:
+    """The identity bound to the current task (``ANYONE`` when none was)."""
+    return _CALLER.get()
+
+
+__all__ = ["ANYONE", "Caller", "bind_caller", "current_caller"]
