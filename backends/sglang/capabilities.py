@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openengine_gateway import pb
+from openengine_gateway.config import ConfigError
 from openengine_gateway.spi import LoraAdapter
 
 from .mapping import EngineLimits, eos_token_ids
@@ -87,8 +88,13 @@ class EngineState:
 
     @property
     def page_size(self) -> int:
-        """Tokens per KV page (SGLang's block)."""
-        return int(self.server.get("page_size") or 1)
+        """Tokens per KV page as SGLang's radix tree, allocator and KV events count them.
+
+        That is ``--page-size`` widened by decode context parallelism: under DCP the tree and the
+        allocator page at ``page_size * dcp_size``, the block size KV events carry
+        (``arg_groups/overrides.py`` ``kv_event_block_size_of``).
+        """
+        return int(self.server.get("page_size") or 1) * int(self.server.get("dcp_size") or 1)
 
     @property
     def token_capacity(self) -> int | None:
@@ -150,8 +156,18 @@ def engine_role(server: Mapping[str, Any]) -> pb.EngineRole.ValueType:
 
 
 def dp_size(server: Mapping[str, Any]) -> int:
-    """Data-parallel ranks this engine drives."""
+    """Data-parallel replicas (``dp_size`` resolved): what SGLang's runtime LoRA loading asserts is 1."""
     return int(server.get("dp_size") or 1)
+
+
+def dp_ranks(server: Mapping[str, Any]) -> int:
+    """Data-parallel ranks this engine drives: replicas times attention-DP groups.
+
+    SGLang's ``num_dp_ranks_of`` (``runtime_context.py``): ``--dp-size N --enable-dp-attention``
+    resolves to ``attn_dp_size=N, dp_size=1`` (``arg_groups/parallel_hook.py``), and each
+    attention-DP rank has its own scheduler, KV cache, KV-event publisher and load snapshot.
+    """
+    return dp_size(server) * int(server.get("attn_dp_size") or 1)
 
 
 def engine_limits(state: EngineState) -> EngineLimits:
@@ -168,6 +184,7 @@ def engine_limits(state: EngineState) -> EngineLimits:
         low_priority_values_first=bool(server.get("schedule_low_priority_values_first")),
         deterministic=bool(server.get("enable_deterministic_inference")),
         dp_size=dp_size(server),
+        dp_ranks=dp_ranks(server),
         role=engine_role(server),
         transfer_backend=transfer_backend(server),
         has_tokenizer=state.has_tokenizer,
@@ -272,11 +289,11 @@ def generation_capabilities(state: EngineState) -> pb.GenerationCapabilities:
 
 
 def parallelism(server: Mapping[str, Any]) -> pb.ParallelismInfo:
-    """Tensor, pipeline and data parallel sizes; this engine drives DP ranks 0 .. dp_size - 1."""
+    """Tensor, pipeline and data parallel sizes; this engine drives DP ranks 0 .. dp_ranks - 1."""
     return pb.ParallelismInfo(
         tensor_parallel_size=int(server.get("tp_size") or 1),
         pipeline_parallel_size=int(server.get("pp_size") or 1),
-        data_parallel_size=dp_size(server),
+        data_parallel_size=dp_ranks(server),
         data_parallel_start_rank=0,
     )
 
@@ -303,48 +320,98 @@ def kv_connector(server: Mapping[str, Any], bootstrap_host: str) -> pb.KvConnect
     return info
 
 
-def kv_events_config(server: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """SGLang's ``--kv-events-config`` when it publishes on a ZMQ socket this process can reach.
+_DEFAULT_ENDPOINT = "tcp://*:5557"
+_BIND_MARKS = ("*", "::", "0.0.0.0")
+"""What in an endpoint makes SGLang's publisher bind when ``bind`` is unset: a substring test, so
+every IPv6 address spelled with ``::`` binds too (``ZmqEventPublisher._socket_setup``)."""
 
-    A publisher that connects out (a concrete host without ``bind``) has nothing to subscribe to.
-    """
-    raw = server.get("kv_events_config")
+
+def kv_events_settings(raw: Any) -> Mapping[str, Any] | None:
+    """``--kv-events-config`` (JSON, SGLang's ``KVEventsConfig``) when it asks for a ZMQ publisher."""
     if not raw:
         return None
     config: Mapping[str, Any] = json.loads(raw) if isinstance(raw, str) else raw
-    endpoint = str(config.get("endpoint") or "tcp://*:5557")
-    if config.get("publisher", "null") != "zmq" or not endpoint.startswith("tcp://"):
+    return config if config.get("publisher", "null") == "zmq" else None
+
+
+def check_kv_events_config(raw: Any) -> None:
+    """Refuse, before SGLang starts, a publisher the gateway could never subscribe to.
+
+    SGLang binds an ``inproc://`` endpoint inside its scheduler process: no socket in the
+    gateway's process can connect to it, so no KV event would ever arrive.
+    """
+    config = kv_events_settings(raw)
+    if config is not None and str(config.get("endpoint") or _DEFAULT_ENDPOINT).startswith("inproc://"):
+        raise ConfigError(
+            "sglang: kv_events_config endpoint "
+            f"{config['endpoint']!r} is reachable only inside SGLang's scheduler process, not from the "
+            "gateway's: use a tcp:// or ipc:// endpoint"
+        )
+
+
+def publisher_binds(config: Mapping[str, Any], endpoint: str) -> bool:
+    """Whether SGLang's publisher binds ``endpoint`` (else it connects out, to a collector)."""
+    if config.get("bind") is not None:
+        return bool(config["bind"])
+    return any(mark in endpoint for mark in _BIND_MARKS) or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def kv_events_config(server: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """SGLang's ``--kv-events-config`` when its publishers bind a socket this process can reach.
+
+    A publisher that connects out has nothing to subscribe to; an ``inproc://`` one lives in
+    SGLang's scheduler process (and is refused before start, ``check_kv_events_config``).
+    """
+    config = kv_events_settings(server.get("kv_events_config"))
+    if config is None:
         return None
-    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
-    if config.get("bind") is False or (config.get("bind") is None and host not in ("*", "0.0.0.0", "::")):
+    endpoint = str(config.get("endpoint") or _DEFAULT_ENDPOINT)
+    if endpoint.startswith("inproc://") or not publisher_binds(config, endpoint):
         return None
     return config
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
-    """SGLang's ``offset_endpoint_port``: DP rank ``r`` publishes on the base port plus ``r``."""
-    base, _, port = endpoint.rpartition(":")
-    return f"{base}:{int(port) + rank}"
+    """Rank ``rank``'s endpoint, exactly as SGLang's ``ZmqEventPublisher.offset_endpoint_port``
+    derives it: unchanged for rank 0; ``_dp{rank}`` appended to an ``inproc://`` name; the port
+    plus ``rank`` for ``tcp://`` (IPv6 hosts included). An ``ipc://`` path has no rank form:
+    SGLang fails to start a second rank's publisher there, so only rank 0 ever binds one.
+    """
+    if rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{rank}"
+    if "tcp" in endpoint:
+        base, _, port = endpoint.rpartition(":")
+        return f"{base}:{int(port) + rank}"
+    raise ValueError(f"SGLang derives no rank-{rank} endpoint from {endpoint!r}")
 
 
 def kv_event_publishers(server: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
-    """``rank -> (endpoint, topic)`` of SGLang's ZMQ KV-event publishers (one per DP rank)."""
+    """``rank -> (endpoint, topic)`` of SGLang's ZMQ KV-event publishers, one per DP rank.
+
+    Under attention DP each attention-DP rank publishes (``select_kv_publisher_dp_rank``), so
+    there are ``dp_ranks`` of them, not ``dp_size``.
+    """
     config = kv_events_config(server)
     if config is None:
         return {}
-    endpoint, topic = str(config.get("endpoint") or "tcp://*:5557"), str(config.get("topic") or "")
-    return {rank: (rank_endpoint(endpoint, rank), topic) for rank in range(dp_size(server))}
+    endpoint, topic = str(config.get("endpoint") or _DEFAULT_ENDPOINT), str(config.get("topic") or "")
+    return {rank: (rank_endpoint(endpoint, rank), topic) for rank in range(dp_ranks(server))}
 
 
 def kv_event_sources(server: Mapping[str, Any]) -> list[pb.KvEventSource]:
-    """The publishers as ``GetKvEventSources`` entries (a wildcard host stays one; the gateway
-    advertises its routable host instead)."""
+    """The ``tcp://`` publishers as ``GetKvEventSources`` entries (a wildcard host stays one; the
+    gateway advertises its routable host instead). An ``ipc://`` socket has no host and port to
+    advertise: its events reach clients through ``SubscribeKvEvents`` only."""
     config = kv_events_config(server)
     if config is None:
         return []
     replay = config.get("replay_endpoint")
     sources = []
     for rank, (endpoint, topic) in kv_event_publishers(server).items():
+        if not endpoint.startswith("tcp://"):
+            continue
         host, _, port = endpoint[len("tcp://") :].rpartition(":")
         sources.append(
             pb.KvEventSource(
@@ -397,6 +464,8 @@ __all__ = [
     "ENGINE_NAME",
     "GUIDED_MODES_BY_BACKEND",
     "EngineState",
+    "check_kv_events_config",
+    "dp_ranks",
     "dp_size",
     "engine_limits",
     "engine_role",
@@ -409,12 +478,14 @@ __all__ = [
     "kv_event_publishers",
     "kv_event_sources",
     "kv_events_config",
+    "kv_events_settings",
     "load_info",
     "logprob_capabilities",
     "lora_enabled",
     "max_batched_tokens",
     "model_info",
     "parallelism",
+    "publisher_binds",
     "rank_endpoint",
     "startup_adapters",
     "transfer_backend",

@@ -77,6 +77,9 @@ class EngineLimits:
     deterministic: bool = False
     """``--enable-deterministic-inference``: only then does SGLang honour a per-request seed."""
     dp_size: int = 1
+    """Data-parallel replicas (``dp_size`` as SGLang resolves it: 1 under attention DP)."""
+    dp_ranks: int = 1
+    """Data-parallel ranks a request may be routed to: replicas times attention-DP groups."""
     role: pb.EngineRole.ValueType = pb.ENGINE_ROLE_AGGREGATED
     transfer_backend: str = ""
     has_tokenizer: bool = True
@@ -324,7 +327,8 @@ def prefill_session(
     """The session a prefill hands to decode: SGLang's bootstrap host, port and room.
 
     ``room`` is below 2**53 so it survives ``google.protobuf.Struct`` numbers. With several DP
-    ranks SGLang's prefill serves a room on rank ``room % dp_size`` unless the request was
+    ranks SGLang's prefill serves a room on rank ``room % dp_ranks`` (its DP controller's
+    ``follow_bootstrap_room_scheduler``, attention-DP ranks included) unless the request was
     routed; a routed rank travels as ``prefill_dp_rank`` for the decode side's hint.
     """
     attributes: dict[str, Any] = {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
@@ -334,7 +338,7 @@ def prefill_session(
         session_id=f"{request_id}@{room}",
         transfer_backend=limits.transfer_backend,
         endpoints=(Endpoint(host, port, "http"),),
-        dp_rank=routed_rank if routed_rank is not None else room % max(limits.dp_size, 1),
+        dp_rank=routed_rank if routed_rank is not None else room % max(limits.dp_ranks, 1),
         attributes=attributes,
     )
 

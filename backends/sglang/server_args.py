@@ -16,6 +16,8 @@ from typing import Any
 
 from openengine_gateway.config import ConfigError
 
+from .capabilities import check_kv_events_config
+
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -23,7 +25,7 @@ def server_kwargs(model: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``Engine(**kwargs)`` for ``model`` and the driver's server options.
 
     Raises ``ConfigError`` naming an option that is not a server argument or whose value
-    SGLang's parser rejects.
+    SGLang's parser rejects, or a KV-event publisher the gateway could not subscribe to.
     """
     from sglang.srt.server_args import ServerArgs
 
@@ -44,6 +46,7 @@ def server_kwargs(model: str, options: Mapping[str, Any]) -> dict[str, Any]:
         kwargs.update({name: value for name, value in tables.items() if name not in flags})
         kwargs.update(parse_strings(parser, model, strings))
     kwargs["model_path"] = model
+    check_kv_events_config(kwargs.get("kv_events_config"))
     return kwargs
 
 

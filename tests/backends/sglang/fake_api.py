@@ -73,6 +73,9 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "enable_priority_scheduling": (bool, False),
     "schedule_low_priority_values_first": (bool, False),
     "dp_size": (int, 1),
+    "attn_dp_size": (int, 1),
+    "enable_dp_attention": (bool, False),
+    "dcp_size": (int, 1),
     "tp_size": (int, 1),
     "pp_size": (int, 1),
     "kv_events_config": (str, None),
@@ -120,7 +123,24 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     args["page_size"] = args["page_size"] or 1
     args["chunked_prefill_size"] = args["chunked_prefill_size"] or 8192
     args["enable_lora"] = bool(args["enable_lora"] or args["lora_paths"])
+    resolve_dp_attention(args)
     return args
+
+
+def resolve_dp_attention(args: dict[str, Any]) -> None:
+    """``arg_groups/parallel_hook.py``: ``--dp-size N --enable-dp-attention`` becomes ``attn_dp_size=N,
+    dp_size=1``, replicas beside attention DP are refused, and ``ServerArgs.resolved_dict`` reports
+    ``enable_dp_attention`` as whether attention DP runs."""
+    if args["enable_dp_attention"] and args["attn_dp_size"] == 1:
+        args["attn_dp_size"], args["dp_size"] = args["dp_size"], 1
+    if args["attn_dp_size"] > 1 and args["dp_size"] > 1:
+        raise ValueError("data-parallel replicas combined with attention data parallelism are not supported.")
+    args["enable_dp_attention"] = args["attn_dp_size"] > 1
+
+
+def num_dp_ranks(args: dict[str, Any]) -> int:
+    """``runtime_context.py`` ``num_dp_ranks_of``: replicas times attention-DP groups."""
+    return int(args["dp_size"]) * int(args["attn_dp_size"])
 
 
 # -- request and result records ----------------------------------------------------------
@@ -258,6 +278,8 @@ __all__ = [
     "ServerArgs",
     "Tokenizer",
     "install",
+    "num_dp_ranks",
     "piece",
+    "resolve_dp_attention",
     "resolved",
 ]

@@ -9,7 +9,8 @@ tokens kept in ``output_ids`` with their text trimmed unless ``no_stop_trim``; p
 strings held back; ``ignore_eos`` disabling every token stop; prompt logprobs whose first entry
 has none; abort by request-id *prefix* in the scheduler, sent only for a request id the
 tokenizer manager knows; a closed stream aborting its request; prefill and decode meeting
-through a bootstrap room; a ZMQ KV-event publisher; load snapshots; LoRA by adapter name.
+through a bootstrap room; one radix cache, ZMQ KV-event publisher and load snapshot per DP rank
+(``fake_radix_cache.py``); LoRA by adapter name.
 
 The model: the greedy continuation of a sequence of length ``L`` is ``CYCLE[L % 13]``
 ("hello world." then EOS), with log-softmax logits falling off with distance from it.
@@ -18,7 +19,6 @@ The model: the greedy continuation of a sequence of length ``L`` is ``CYCLE[L % 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -31,9 +31,6 @@ import types
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import msgpack
-import zmq
-
 from .fake_api import (
     EOS,
     VOCAB,
@@ -45,9 +42,11 @@ from .fake_api import (
     LoRAUpdateOutput,
     ScoreResult,
     Tokenizer,
+    num_dp_ranks,
     piece,
     resolved,
 )
+from .fake_radix_cache import RadixCache, publishers
 
 CYCLE = [ord(c) for c in "hello world."] + [EOS]
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
@@ -138,6 +137,8 @@ class State:
         self.dispatched = False
         self.aborted = False
         self.tokens = 0
+        self.rank = 0
+        self.cached = 0
 
 
 class TokenizerManager:
@@ -157,7 +158,9 @@ class TokenizerManager:
         self.handle_loop_started = False
         self.aborts: list[tuple[str, bool]] = []
         self.received: list[Any] = []
-        self.seen_prompts: list[tuple[str | None, list[int]]] = []
+        page = (args["page_size"] or 1) * args["dcp_size"]  # arg_groups/overrides.py: the tree pages at page * dcp
+        self.caches = [RadixCache(page, capacity) for _ in range(num_dp_ranks(args))]
+        self.routed = 0
         self.adapters = {
             path.split("=")[0]: LoRARef(f"id-{i}", path.split("=")[0], path.split("=")[-1])
             for i, path in enumerate(args["lora_paths"] or ())
@@ -177,19 +180,18 @@ class TokenizerManager:
         state["memory_usage"] = {"token_capacity": self.capacity}
         state["effective_max_running_requests_per_dp"] = args["max_running_requests"] or 64
         state["disaggregation_mode"] = args["disaggregation_mode"]
-        return [state]
+        return [dict(state) for _ in self.caches]  # one per DP rank
 
     async def get_loads(self, include: Any = None, dp_rank: int | None = None) -> list[LoadSnapshot]:
-        running = [s for s in self.rid_to_state.values() if s.dispatched]
-        return [
-            LoadSnapshot(
-                timestamp=time.time(),
-                num_running_reqs=len(running),
-                num_used_tokens=sum(s.tokens for s in running),
-                max_total_num_tokens=self.capacity,
-                max_running_requests=64,
-            )
-        ]
+        """``managers/load_snapshot.py``: one snapshot per DP rank, attention-DP ranks included."""
+        snapshots = []
+        for rank in range(len(self.caches)):
+            running = [s for s in self.rid_to_state.values() if s.dispatched and s.rank == rank]
+            snapshot = LoadSnapshot(timestamp=time.time(), dp_rank=rank, num_running_reqs=len(running))
+            snapshot.num_used_tokens = sum(s.tokens for s in running)
+            snapshot.max_total_num_tokens, snapshot.max_running_requests = self.capacity, 64
+            snapshots.append(snapshot)
+        return snapshots
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """SGLang's: sent to the scheduler only for a known rid, which aborts every rid it prefixes."""
@@ -246,6 +248,7 @@ class TokenizerManager:
             ids = list(obj.input_ids) if obj.input_ids is not None else Tokenizer().encode(obj.text or "")
             params = dict(obj.sampling_params or {})
             self._validate(obj, ids, params)
+            state.rank = self._route(obj)
             await asyncio.sleep(0)
             state.dispatched = True
             if self.server_args["disaggregation_mode"] == "prefill":
@@ -264,6 +267,18 @@ class TokenizerManager:
             raise
         finally:
             self.rid_to_state.pop(rid, None)
+
+    def _route(self, obj: GenerateReqInput) -> int:
+        """The request's DP rank: ``tokenizer_manager.py`` checks a routed rank against every DP rank
+        (ignoring rank 0 of a single one); unrouted requests go round robin
+        (``data_parallel_controller.py`` ``round_robin_scheduler``)."""
+        ranks = len(self.caches)
+        rank = obj.routed_dp_rank
+        if rank is not None and not (ranks <= 1 and rank == 0) and not 0 <= rank < ranks:
+            raise ValueError(f"routed_dp_rank={rank} out of range [0, {ranks})")
+        if rank is None:
+            rank, self.routed = self.routed % ranks, self.routed + 1
+        return rank
 
     def _validate(self, obj: GenerateReqInput, ids: list[int], params: dict[str, Any]) -> None:
         context = self.model_config.context_len
@@ -322,15 +337,16 @@ class TokenizerManager:
         rng = random.Random(params.get("sampling_seed", obj.rid))
         shift = len(obj.lora_path or "")
         out: list[int] = []
-        self._publish(ids)
-        self.seen_prompts.append((obj.cache_salt, ids))
+        cache = self.caches[state.rank]
+        state.cached = min(cache.match(ids, obj.cache_salt), len(ids) - 1) // cache.page_size * cache.page_size
+        self._checkpoint(obj, state, ids)
         if budget == 0:  # prefill only (SGLang's scoring and prefix warm-up)
-            yield self._finished(obj, state, ids, out, {"type": "length", "length": 0})
+            yield self._release(obj, state, ids, out, {"type": "length", "length": 0})
             return
         while True:
             await asyncio.sleep(STEP_S)
             if state.aborted:
-                yield self._finished(obj, state, ids, out, _abort("Abort in waiting queue"))
+                yield self._release(obj, state, ids, out, _abort("Abort in waiting queue"))
                 return
             logprobs = distribution(len(ids) + len(out), shift)
             token = max(range(VOCAB), key=lambda t: (logprobs[t], -t))
@@ -348,18 +364,33 @@ class TokenizerManager:
             elif len(out) >= budget:
                 reason = {"type": "length", "length": budget}
             if reason is not None:
-                yield self._finished(obj, state, ids, out, reason)
+                yield self._release(obj, state, ids, out, reason)
                 return
             held = any(text.endswith(s[:n]) for s in stops for n in range(1, len(s)))
             if obj.stream and not held:
                 yield self._chunk(obj, ids, out, text, None, cached=self._cached(obj, ids))
 
     def _cached(self, obj: GenerateReqInput, ids: list[int]) -> int:
-        """The longest prefix an earlier prompt with the same cache salt computed, in whole pages."""
-        page = self.server_args["page_size"]
-        earlier = [seen for salt, seen in self.seen_prompts[:-1] if salt == obj.cache_salt]
-        best = max((_common(ids, seen) for seen in earlier), default=0)
-        return min(best, len(ids) - 1) // page * page
+        """The prompt's prefix the rank's radix tree held when it was scheduled, in whole pages."""
+        state = self.rid_to_state.get(obj.rid or "")
+        return state.cached if state is not None else 0
+
+    def _checkpoint(self, obj: GenerateReqInput, state: State, tokens: list[int]) -> None:
+        """``mem_cache/common.py``: the rank's tree takes the tokens the request computed KV for, and
+        the scheduler step publishes what that recorded (``publish_kv_events``)."""
+        cache = self.caches[state.rank]
+        cache.insert(tokens, obj.cache_salt)
+        events = cache.take()
+        if self.engine.publishers:
+            self.engine.publishers[state.rank].publish(events)
+
+    def _release(
+        self, obj: GenerateReqInput, state: State, ids: list[int], out: list[int], reason: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``release_kv_cache``: a finished request leaves the prompt and all but its last output token
+        (whose KV was never computed) in the tree."""
+        self._checkpoint(obj, state, ids + out[:-1])
+        return self._finished(obj, state, ids, out, reason)
 
     def _finished(
         self, obj: GenerateReqInput, state: State, ids: list[int], out: list[int], reason: dict[str, Any]
@@ -429,22 +460,6 @@ class TokenizerManager:
             meta["output_token_ids_logprobs"] = [e["ids"] for e in outputs]
         return meta
 
-    def _publish(self, ids: list[int]) -> None:
-        """SGLang's KV-event publisher: a ``BlockStored`` per full page of a new prompt."""
-        publisher = self.engine.publisher
-        if publisher is None:
-            return
-        page = self.server_args["page_size"]
-        hashes = [hash(tuple(ids[: end + page])) for end in range(0, len(ids) - page + 1, page)]
-        if not hashes:
-            return
-        event = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None}
-        event |= {"token_ids": ids[: len(hashes) * page], "block_size": page, "lora_id": None, "medium": "GPU"}
-        sequence = self.engine.sequence
-        self.engine.sequence += 1
-        payload = msgpack.packb([time.time(), [event], 0])
-        publisher.send_multipart([self.engine.topic, sequence.to_bytes(8, "big"), payload])
-
 
 def _abort(message: str, status: int | None = None) -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": status, "err_type": None}
@@ -468,14 +483,7 @@ class Engine:
         kwargs.setdefault("log_level", "error")
         logging.basicConfig(level=kwargs["log_level"].upper(), format="[sglang] %(message)s", force=True)
         self.server_args = resolved(kwargs)
-        self.publisher: Any = None
-        self.sequence = 0
-        self.topic = b""
-        config = json.loads(self.server_args["kv_events_config"] or "{}")
-        if config.get("publisher") == "zmq":
-            self.topic = str(config.get("topic", "")).encode()
-            self.publisher = zmq.Context.instance().socket(zmq.PUB)
-            self.publisher.bind(config["endpoint"].replace("tcp://*:", "tcp://127.0.0.1:"))
+        self.publishers = publishers(self.server_args["kv_events_config"], num_dp_ranks(self.server_args))
         self.tokenizer_manager = TokenizerManager(self.server_args, self)
         self.child_pids = [os.getpid()]
         self.shut_down = False
@@ -492,8 +500,8 @@ class Engine:
         for engine in ENGINES:
             if engine is not self and not engine.shut_down:
                 engine.child_pids = [dead_pid()]
-        if self.publisher is not None:
-            self.publisher.close(linger=0)
+        for publisher in self.publishers:
+            publisher.close()
 
     def fail_child(self) -> None:
         """A scheduler process crashes: ``utils/watchdog.py`` ``SubprocessWatchdog`` signals SIGQUIT to the

@@ -214,7 +214,7 @@ def test_routing_lora_and_cache_salt() -> None:
 
 
 def test_prefill_sessions_carry_the_bootstrap_and_decode_reads_it_back() -> None:
-    limits = EngineLimits(max_context=100, max_prompt=94, vocab_size=128, dp_size=4, transfer_backend="mooncake")
+    limits = EngineLimits(max_context=100, max_prompt=94, vocab_size=128, dp_ranks=4, transfer_backend="mooncake")
     session = prefill_session("r", host="p0", port=8998, room=2**52 + 3, limits=limits, routed_rank=None)
     assert session == KvSession(
         "r@4503599627370499",
