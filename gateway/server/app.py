@@ -30,6 +30,13 @@ _CLOSE_GRACE_S = 2.0
 """Time for aborted streams to flush their terminal events before connections close."""
 
 
+def transport_limit(max_message_bytes: int) -> int:
+    """What grpc itself receives: a quarter more than the gateway's limit (at least 64 KiB more),
+    so that an oversized request reaches the gateway's check, which counts and logs it. Only a
+    request past this is refused by grpc, unseen."""
+    return max_message_bytes + max(64 * 1024, max_message_bytes // 4)
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """Where and how the gRPC server listens."""
@@ -37,7 +44,8 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 50051
     max_message_bytes: int = 64 * 1024 * 1024
-    """Largest request or response; a larger request is RESOURCE_EXHAUSTED (gRPC's own check)."""
+    """Largest request or response; a larger request is RESOURCE_EXHAUSTED, counted and logged
+    (the gateway's own check up to ``transport_limit``, gRPC's unseen one past it)."""
     tls: TlsFiles | None = None
     """Serve TLS (mutual TLS with a client CA) instead of plaintext."""
     auth: TokenAuth | None = None
@@ -59,10 +67,12 @@ class GatewayServer:
         self.metrics = MetricsExporter(gateway)
         logs.redact_grpc()
         self._server = grpc.aio.server(
-            interceptors=[EdgeInterceptor(options.auth, self.metrics.rpc_finished)],
+            interceptors=[
+                EdgeInterceptor(options.auth, self.metrics.rpc_finished, max_request_bytes=options.max_message_bytes)
+            ],
             options=[
                 ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", options.max_message_bytes),
+                ("grpc.max_receive_message_length", transport_limit(options.max_message_bytes)),
                 ("grpc.max_send_message_length", options.max_message_bytes),
             ],
         )
@@ -135,4 +145,4 @@ class GatewayServer:
         await self._server.wait_for_termination()
 
 
-__all__ = ["GatewayServer", "ServerOptions"]
+__all__ = ["GatewayServer", "ServerOptions", "transport_limit"]

@@ -4,8 +4,11 @@ Every OpenEngine call passes through it once:
 
 1. its bearer token is checked from the call's metadata before the request is even parsed
    (``auth``), so an unauthenticated client cannot make the gateway decode a large message;
-2. a request that does not parse as its message type ends with INVALID_ARGUMENT (gRPC would
-   otherwise answer UNKNOWN with the parser's exception);
+2. a request over the message limit ends with RESOURCE_EXHAUSTED, counted and logged once at
+   WARNING with its peer and size (the transport takes a little more than the limit, so that
+   this check, not grpc's invisible one, refuses it); a request that does not parse as its
+   message type ends with INVALID_ARGUMENT (gRPC would otherwise answer UNKNOWN with the
+   parser's exception);
 3. Abort of ``all_requests`` is checked for the control scope once its request is parsed;
 4. the caller (its token's name, scope and peer) is bound for the core (``core.callers``), which
    gives a token only its own requests; a PERMISSION_DENIED is written to the audit record;
@@ -21,6 +24,7 @@ token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -31,9 +35,11 @@ from grpc_health.v1 import health
 from .. import pb
 from ..core.audit import audit
 from ..core.callers import Caller, bind_caller
-from ..errors import InvalidArgument, PermissionDenied, RequestError
+from ..errors import InvalidArgument, PermissionDenied, RequestError, ResourceExhausted
 from .auth import Access, Grant, Scope, TokenAuth, request_access, static_access
 from .servicer import reject
+
+log = logging.getLogger(__name__)
 
 _PREFIX = f"/{pb.SERVICE_NAME}/"
 _EXEMPT_PREFIX = f"/{health.SERVICE_NAME}/"
@@ -58,12 +64,29 @@ class _Undecodable:
         self.error = error
 
 
-class EdgeInterceptor(grpc.aio.ServerInterceptor):
-    """Applies ``auth`` (None = open) and reports each OpenEngine call's status to ``on_finished``."""
+class _Oversized:
+    """What the deserializer hands over instead of a request over the message limit."""
 
-    def __init__(self, auth: TokenAuth | None = None, on_finished: RpcFinished | None = None) -> None:
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """Applies ``auth`` (None = open) and ``max_request_bytes`` (None = no limit of its own), and
+    reports each OpenEngine call's status to ``on_finished``."""
+
+    def __init__(
+        self,
+        auth: TokenAuth | None = None,
+        on_finished: RpcFinished | None = None,
+        *,
+        max_request_bytes: int | None = None,
+    ) -> None:
         self._auth = auth
         self._on_finished = on_finished or (lambda _rpc, _code: None)
+        self._max_bytes = max_request_bytes
         self._relays: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         """OpenEngine method -> its relaying handler, built on the method's first call."""
 
@@ -90,11 +113,11 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             if error is not None:
                 self._on_finished(rpc, error.status.name)
                 return _rejecting(handler, error, rpc, grant)
-            return _relaying(handler, rpc, self._on_finished, _Identity(auth, grant))
+            return _relaying(handler, rpc, self._on_finished, self._max_bytes, _Identity(auth, grant))
         if rpc in AUDITED_RPCS:
-            return _relaying(handler, rpc, self._on_finished, _Identity(None, None))
+            return _relaying(handler, rpc, self._on_finished, self._max_bytes, _Identity(None, None))
         if relay is None:
-            relay = self._relays[method] = _relaying(handler, rpc, self._on_finished)
+            relay = self._relays[method] = _relaying(handler, rpc, self._on_finished, self._max_bytes)
         return relay
 
 
@@ -145,19 +168,40 @@ def _rejecting(
 
 
 def _relaying(
-    handler: grpc.RpcMethodHandler[Any, Any], rpc: str, on_finished: RpcFinished, identity: _Identity | None = None
+    handler: grpc.RpcMethodHandler[Any, Any],
+    rpc: str,
+    on_finished: RpcFinished,
+    max_bytes: int | None,
+    identity: _Identity | None = None,
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """The servicer's handler behind the decode guard and status counting; given ``identity``,
-    the request-dependent scope check and the caller bound for the core."""
+    """The servicer's handler behind the size and decode guards and status counting; given
+    ``identity``, the request-dependent scope check and the caller bound for the core."""
     parse = handler.request_deserializer
 
     def deserialize(data: bytes) -> object:
+        if max_bytes is not None and len(data) > max_bytes:
+            return _Oversized(len(data))  # never parsed
         try:
             return parse(data) if parse is not None else data
         except DecodeError as exc:
             return _Undecodable(exc)
 
     async def admit(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if isinstance(request, _Oversized):
+            log.warning(
+                "refused a %d-byte %s request from %s: over the %d-byte message limit",
+                request.size,
+                rpc,
+                context.peer(),
+                max_bytes,
+            )
+            await reject(
+                context,
+                ResourceExhausted(
+                    f"the request is {request.size} bytes, more than this gateway's {max_bytes}-byte message "
+                    "limit (--max-message-bytes)"
+                ),
+            )
         if isinstance(request, _Undecodable):
             await reject(context, InvalidArgument(f"the request is not a valid {rpc} request: {request.error}"))
         if identity is None:

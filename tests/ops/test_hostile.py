@@ -135,3 +135,22 @@ async def test_the_event_streams_are_the_observers_and_the_operators(tmp_path: P
                 assert await outcome(running.stub, call, tmp_path, metadata=_as(token)) == OPEN, call.label
             for token in (ALICE, BOB):
                 assert await outcome(running.stub, call, tmp_path, metadata=_as(token)) == "PERMISSION_DENIED"
+
+
+async def test_an_oversized_generate_is_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    async with gateway(server=ServerOptions(max_message_bytes=4096, metrics_port=0)) as running:
+        request = pb.GenerateRequest(model="mock", prompt="a" * 6000)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in running.stub.Generate(request, timeout=5):
+                pass
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "4096-byte message limit" in (refused.value.details() or "")
+        sample = running.server.metrics.registry.get_sample_value(
+            "openengine_gateway_requests_total", {"rpc": "Generate", "code": "RESOURCE_EXHAUSTED"}
+        )
+        assert len(running.gateway.registry) == 0
+    assert sample == 1
+    size = request.ByteSize()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(size) in r.getMessage()]
+    assert len(warnings) == 1 and "Generate" in warnings[0] and "ipv4:127.0.0.1:" in warnings[0], warnings
