@@ -274,7 +274,7 @@ class TokenizerManager:
         (``data_parallel_controller.py`` ``round_robin_scheduler``)."""
         ranks = len(self.caches)
         rank = obj.routed_dp_rank
-        if rank is not None and not (ranks <= 1 and rank == 0) and not 0 <= rank < ranks:
+        if rank is not None and not 0 <= rank < ranks:
             raise ValueError(f"routed_dp_rank={rank} out of range [0, {ranks})")
         if rank is None:
             rank, self.routed = self.routed % ranks, self.routed + 1

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import pytest
-from openengine_backends.zmq_kv_events import block_hash
 from openengine_gateway import pb
 from openengine_gateway.config import ConfigError
 from openengine_gateway.testing import RunningGateway
@@ -189,4 +188,3 @@ def test_the_fakes_eviction_removes_least_recently_used_leaves_whole() -> None:
     removed, new = cache.take()
     assert removed == {"type": "BlockRemoved", "block_hashes": stored_first, "medium": "GPU"}
     assert new["type"] == "BlockStored" and new["parent_block_hash"] is None
-    assert block_hash(stored_first[0]).encoding == "int64"
