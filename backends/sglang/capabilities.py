@@ -10,6 +10,7 @@ carries those facts; ``engine.py`` gathers it.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from openengine_gateway.config import ConfigError
 from openengine_gateway.spi import LoraAdapter
 
 from .mapping import EngineLimits, eos_token_ids
+
+log = logging.getLogger(__name__)
 
 ENGINE_NAME = "sglang"
 
@@ -335,17 +338,27 @@ def kv_events_settings(raw: Any) -> Mapping[str, Any] | None:
 
 
 def check_kv_events_config(raw: Any) -> None:
-    """Refuse, before SGLang starts, a publisher the gateway could never subscribe to.
+    """Before SGLang starts: refuse a publisher the gateway could never subscribe to, and say when
+    there will be none to subscribe to.
 
     SGLang binds an ``inproc://`` endpoint inside its scheduler process: no socket in the
-    gateway's process can connect to it, so no KV event would ever arrive.
+    gateway's process can connect to it, so no KV event would ever arrive. A publisher that
+    connects out (to a collector) is legitimate, but leaves the gateway nothing to serve.
     """
     config = kv_events_settings(raw)
-    if config is not None and str(config.get("endpoint") or _DEFAULT_ENDPOINT).startswith("inproc://"):
+    if config is None:
+        return
+    endpoint = str(config.get("endpoint") or _DEFAULT_ENDPOINT)
+    if endpoint.startswith("inproc://"):
         raise ConfigError(
-            "sglang: kv_events_config endpoint "
-            f"{config['endpoint']!r} is reachable only inside SGLang's scheduler process, not from the "
-            "gateway's: use a tcp:// or ipc:// endpoint"
+            f"sglang: kv_events_config endpoint {endpoint!r} is reachable only inside SGLang's scheduler "
+            "process, not from the gateway's: use a tcp:// or ipc:// endpoint"
+        )
+    if not publisher_binds(config, endpoint):
+        log.info(
+            "sglang: the KV-event publisher connects out to %s instead of binding it: the gateway has no "
+            "KV events to serve or advertise (set bind, or a wildcard host, to subscribe)",
+            endpoint,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -210,6 +211,14 @@ def test_an_inproc_publisher_is_a_configuration_error() -> None:
         capabilities.check_kv_events_config(json.dumps({"publisher": "zmq", "endpoint": "inproc://cache"}))
     capabilities.check_kv_events_config(json.dumps({"publisher": "null", "endpoint": "inproc://cache"}))
     capabilities.check_kv_events_config(None)
+
+
+def test_a_publisher_that_connects_out_is_logged_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=capabilities.__name__):
+        capabilities.check_kv_events_config({"publisher": "zmq", "endpoint": "tcp://collector:5557"})
+        capabilities.check_kv_events_config({"publisher": "zmq", "endpoint": "tcp://*:5557"})
+    (record,) = caplog.records
+    assert "connects out to tcp://collector:5557" in record.getMessage()
 
 
 def test_decode_context_parallelism_widens_the_kv_block() -> None:
