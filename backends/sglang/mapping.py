@@ -69,7 +69,10 @@ class EngineLimits:
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
-    """The model's generation-config defaults (``--sampling-defaults model``), as SGLang's server applies them."""
+    """The model's generation-config defaults (``--sampling-defaults model``, SGLang's default) for knobs a
+    request leaves unset. SGLang 0.5.23 applies them itself only in chat (``serving_chat.py``), not to
+    ``/generate``, completions or ``Engine``; the driver applies them to every request, as vLLM's server
+    does to completions, so that one request means the same on vLLM, SGLang and TensorRT-LLM."""
     grammar_backend: str | None = None
     """The engine's grammar backend; None when guided decoding is off (``--grammar-backend none``)."""
     priority_scheduling: bool = False

@@ -88,6 +88,11 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "reasoning_parser": (str, None),
     "tool_call_parser": (str, None),
     "log_level": (str, "error"),
+    "sampling_defaults": (str, "model"),
+    "speculative_algorithm": (str, None),
+    "speculative_num_steps": (int, None),
+    "speculative_eagle_topk": (int, None),
+    "speculative_num_draft_tokens": (int, None),
 }
 
 

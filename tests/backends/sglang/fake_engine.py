@@ -70,6 +70,16 @@ ARCHITECTURES = {
     "/models/fake-classifier": "BertForSequenceClassification",
 }
 LABELS = {0: "negative", 1: "positive"}
+GENERATION_CONFIGS = {"/models/fake-llm-tuned": {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": True}}
+"""``generation_config.json`` of the fake models that have one."""
+
+
+def reserved_tokens(args: dict[str, Any]) -> int:
+    """``managers/utils.py`` ``compute_num_reserved_tokens``: EAGLE keeps its draft tokens in output slots."""
+    if args["speculative_algorithm"] not in ("EAGLE", "EAGLE3"):
+        return 0
+    steps, topk = args["speculative_num_steps"] or 3, args["speculative_eagle_topk"] or 1
+    return max(topk * steps, args["speculative_num_draft_tokens"] or 0)
 
 
 def kill_process_tree() -> None:
@@ -116,6 +126,8 @@ class ModelConfig:
     def __init__(self, args: dict[str, Any]) -> None:
         architecture = ARCHITECTURES.get(args["model_path"], "LlamaForCausalLM")
         self.context_len = args["context_length"] or 256
+        self.sampling_defaults = args["sampling_defaults"]
+        self.generation_config = GENERATION_CONFIGS.get(args["model_path"])
         self.vocab_size = VOCAB
         self.is_generation = architecture.endswith("CausalLM") and not args["is_embedding"]
         self.is_multimodal = False
@@ -126,7 +138,12 @@ class ModelConfig:
         )
 
     def get_default_sampling_params(self) -> dict[str, Any]:
-        return {}
+        """``configs/model_config.py``: the generation config's sampling knobs, only with
+        ``--sampling-defaults model`` (the default)."""
+        if self.sampling_defaults != "model" or self.generation_config is None:
+            return {}
+        knobs = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+        return {k: self.generation_config[k] for k in knobs if self.generation_config.get(k) is not None}
 
 
 class State:
@@ -153,6 +170,7 @@ class TokenizerManager:
         capacity = args["max_total_tokens"] or 4096
         self.capacity = capacity
         self.max_req_input_len = min(self.model_config.context_len - 1, capacity - 1) - 5
+        self.num_reserved_tokens = reserved_tokens(args)
         self.gracefully_exit = False
         self.rid_to_state: dict[str, State] = {}
         self.handle_loop_started = False
@@ -255,6 +273,10 @@ class TokenizerManager:
                 async for out in self._prefill(obj, state, ids):
                     yield out
                 return
+            if len(ids) >= self.max_req_input_len:  # managers/utils.py validate_input_length, in the scheduler
+                message = f"the input exceeds the maximum allowed length ({self.max_req_input_len} tokens)"
+                yield self._finished(obj, state, ids, [], _abort(message, 400))
+                return
             decode = self.server_args["disaggregation_mode"] == "decode"
             if decode and obj.bootstrap_host != FAKE_BOOTSTRAP_HOST and not await self._attach(obj):
                 yield self._finished(obj, state, ids, [], _abort("KV transfer from the prefill failed", 500))
@@ -281,11 +303,13 @@ class TokenizerManager:
         return rank
 
     def _validate(self, obj: GenerateReqInput, ids: list[int], params: dict[str, Any]) -> None:
+        """``_validate_one_request``: the reserved draft slots count with the input."""
         context = self.model_config.context_len
         budget = params.get("max_new_tokens", 128)
-        if len(ids) >= context:
-            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length ({context})")
-        if budget is not None and budget + len(ids) > context:
+        length = len(ids) + self.num_reserved_tokens
+        if length >= context:
+            raise ValueError(f"The input ({length} tokens) is longer than the model's context length ({context})")
+        if budget is not None and budget + length > context:
             raise ValueError("Requested token count exceeds the model's maximum context length")
         if not 0 < params.get("repetition_penalty", 1.0) <= 2:
             raise ValueError("repetition_penalty must be in (0, 2]")
@@ -534,11 +558,16 @@ class Engine:
         """Label-token scoring: each label's probability after query + item (softmaxed on request)."""
         manager = self.tokenizer_manager
         assert manager.is_generation and label_token_ids and items is not None and query is not None
-        encode = Tokenizer().encode
         rows, prompt_tokens = [], 0
         for item in [items] if isinstance(items, str) else items:
-            length = len(encode(query) if isinstance(query, str) else query)
-            length += len(encode(item) if isinstance(item, str) else item)
+            # managers/tokenizer_manager_score_mixin.py score_request: a text query and item are joined as one
+            # string (f"{query}{item}", item first with item_first) and tokenized together; ids are concatenated.
+            if isinstance(query, str) and isinstance(item, str):
+                ids = manager.tokenizer.encode(f"{item}{query}" if item_first else f"{query}{item}")
+            else:
+                assert isinstance(query, list) and isinstance(item, list), "text is scored with text, ids with ids"
+                ids = item + query if item_first else query + item
+            length = len(ids)
             prompt_tokens += length
             logprobs = [distribution(length)[t] for t in label_token_ids]
             if apply_softmax:

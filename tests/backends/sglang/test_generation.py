@@ -16,7 +16,7 @@ from openengine_gateway import pb
 
 from tests.responses import collect, finished, text, tokens
 
-from ..fake_serving import serving
+from ..fake_serving import MODEL, serving
 from . import fake_engine
 from .conftest import GREEDY, request, sglang
 from .fake_api import EOS
@@ -182,3 +182,31 @@ async def test_cached_prompt_tokens(fake: types.ModuleType) -> None:
         await collect(running.stub, request("hello there", sampling=GREEDY))
         again = await collect(running.stub, request("hello world", sampling=GREEDY))
     assert again[-1].usage.cached_prompt_tokens == 6, "the common prefix 'hello ', in whole pages"
+
+
+async def test_eagles_reserved_draft_slots_bound_what_is_advertised_and_accepted(fake: types.ModuleType) -> None:
+    """SGLang counts EAGLE's draft tokens with every request's input (``num_reserved_tokens``)."""
+    options = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 4}
+    async with serving(sglang(context_length=64, **options)) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        longest, budget = 45, info.max_context_length - 45  # max_req_input_len 58 - 1 - 12 reserved
+        stopping = pb.StoppingOptions(max_tokens=budget, ignore_eos=True)
+        responses = await collect(running.stub, request([ord("a")] * longest, sampling=GREEDY, stopping=stopping))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await collect(running.stub, request([ord("a")] * (longest + 1), sampling=GREEDY))
+    assert fake_engine.ENGINES[0].tokenizer_manager.num_reserved_tokens == 12 and info.max_context_length == 50
+    assert finished(responses)[0].reason == pb.FINISH_REASON_LENGTH
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    ("defaults", "sent"), [("model", {"temperature": 0.6, "top_p": 0.9, "top_k": 20}), ("openai", {})]
+)
+async def test_unset_knobs_take_the_generation_config_unless_sampling_defaults_is_openai(
+    fake: types.ModuleType, defaults: str, sent: dict[str, float]
+) -> None:
+    """SGLang itself applies these only in chat; the driver applies them to every request, as vLLM's server."""
+    async with serving(sglang("/models/fake-llm-tuned", sampling_defaults=defaults)) as running:
+        await collect(running.stub, request(stopping=pb.StoppingOptions(max_tokens=2)))
+    params = fake_engine.ENGINES[0].tokenizer_manager.received[-1].sampling_params
+    assert {k: params[k] for k in ("temperature", "top_p", "top_k") if k in params} == sent

@@ -96,6 +96,24 @@ async def test_label_token_scores_on_a_generation_model(fake: types.ModuleType) 
     assert response.usage.input_tokens == 8
 
 
+async def test_label_token_scores_join_query_and_candidate_text_before_tokenizing(
+    fake: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang scores ``f"{query}{item}"`` as one text: a BOS tokenizer adds one BOS, not one per part."""
+    monkeypatch.setattr(Tokenizer, "bos", 2)
+    group = pb.ScoreGroup(
+        group_id="g",
+        query=pb.TaskInput(item_id="q", text="is it"),
+        candidates=[pb.TaskInput(item_id="c", text=" so")],
+    )
+    options = pb.ScoreOptions(label_token_ids=[ord("h")])
+    async with serving(sglang()) as running:
+        response = await running.stub.Score(pb.ScoreRequest(context=context(), groups=[group], options=options))
+    (candidate,) = response.groups[0].candidates
+    assert list(candidate.scores.values) == pytest.approx([math.exp(fake_engine.distribution(9)[ord("h")])])
+    assert response.usage.input_tokens == 9, "BOS + 'is it so'"
+
+
 async def test_native_scores_of_a_generation_model_are_candidate_log_likelihoods(fake: types.ModuleType) -> None:
     group = pb.ScoreGroup(
         group_id="g",
