@@ -22,7 +22,7 @@ from openengine_gateway.testing import RunningGateway
 
 from tests.responses import collect
 
-from ..fake_serving import serving
+from ..fake_serving import MODEL, serving
 from . import fake_engine
 from .conftest import GREEDY, request, sglang
 from .fake_radix_cache import RadixCache
@@ -115,6 +115,21 @@ async def test_prompt_and_output_pages_are_stored_as_one_chain(fake: types.Modul
     assert not prompt.HasField("parent_block_hash") and prompt.block_size == 2
     assert list(output.token_ids) == [ord(c) for c in "o "], "'o w' generated; 'w' has no KV yet"
     assert output.parent_block_hash == prompt.block_hashes[-1]
+
+
+async def test_under_dcp_the_advertised_block_is_the_events_block(fake: types.ModuleType) -> None:
+    """With ``--dcp-size 2`` SGLang's tree, allocator and KV events page at ``page_size * 2``: that is
+    the block ModelInfo and GetLoad count in."""
+    config = zmq_config(f"tcp://*:{free_port()}")
+    async with serving(sglang(page_size=2, dcp_size=2, max_total_tokens=4096, kv_events_config=config)) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        load = await running.stub.GetLoad(pb.GetLoadRequest())
+        call, _ = await subscribed(running)
+        await collect(running.stub, request("abcdefgh", **few_tokens(1)))
+        prompt = await next_stored(call, "abcd")
+        call.cancel()
+    assert (info.kv_block_size, info.total_kv_blocks, load.total_kv_blocks) == (4, 1024, 1024)
+    assert prompt.block_size == 4 and len(prompt.block_hashes) == 2
 
 
 async def test_salted_and_unsalted_copies_of_a_prefix_publish_apart(fake: types.ModuleType) -> None:
