@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from . import pb
 from .contract.capabilities import check_model_info
 from .contract.ranks import RankSpan, shared_spans
-from .errors import InvalidArgument, NotFound
+from .errors import InvalidArgument, NotFound, clip
 from .spi.backend import Backend, EngineFacts
 
 
@@ -122,7 +122,7 @@ class EngineSet:
             raise InvalidArgument(f"model is required: this gateway serves {self.served_names}")
         engine = self._by_name.get(model)
         if engine is None:
-            raise NotFound(f"model {model!r} is not served here; served models: {self.served_names}")
+            raise NotFound(f"model {clip(model)} is not served here; served models: {self.served_names}")
         return engine
 
 

@@ -179,7 +179,7 @@ class EngineFailure(GatewayError):
 
     def to_proto(self) -> pb.EngineError:
         """The ``EngineError`` message for this failure."""
-        error = pb.EngineError(code=self.code, message=self.message, retryable=self.retryable)
+        error = pb.EngineError(code=self.code, message=bounded_message(self.message), retryable=self.retryable)
         if self.retry_after_ms is not None:
             error.retry_after_ms = self.retry_after_ms
         if self.details:

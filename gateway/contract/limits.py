@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import pb
-from ..errors import ResourceExhausted
+from ..errors import ResourceExhausted, clip
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def check_task_inputs(inputs: Iterable[pb.TaskInput], limits: RequestLimits) -> 
     count = 0
     for item in inputs:
         count += 1
-        _check_input(item, limits, f"input {item.item_id!r}" if item.item_id else f"input {count - 1}")
+        _check_input(item, limits, f"input {clip(item.item_id)}" if item.item_id else f"input {count - 1}")
     return count
 
 

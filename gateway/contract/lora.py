@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .. import pb
-from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, clip
 from ..spi.requests import LoraAdapter
 
 
@@ -68,12 +68,12 @@ class LoraRegistry:
         if existing == adapter:
             return adapter, True
         if existing is not None:
-            raise AlreadyExists(f"a different adapter is loaded as {adapter.lora_name!r}")
+            raise AlreadyExists(f"a different adapter is loaded as {clip(adapter.lora_name)}")
         for other in self._by_name.values():
             if other.lora_id == adapter.lora_id:
-                raise AlreadyExists(f"lora_id {adapter.lora_id} is in use by {other.lora_name!r}")
+                raise AlreadyExists(f"lora_id {adapter.lora_id} is in use by {clip(other.lora_name)}")
             if other.source_path == adapter.source_path:
-                raise AlreadyExists(f"that source_path is already loaded as {other.lora_name!r}")
+                raise AlreadyExists(f"that source_path is already loaded as {clip(other.lora_name)}")
         return adapter, False
 
     def add(self, adapter: LoraAdapter) -> None:
@@ -84,7 +84,7 @@ class LoraRegistry:
         """The adapter registered as ``name``; NOT_FOUND otherwise."""
         adapter = self._by_name.get(name)
         if adapter is None:
-            raise NotFound(f"no LoRA adapter named {name!r} is loaded")
+            raise NotFound(f"no LoRA adapter named {clip(name)} is loaded")
         return adapter
 
     def remove(self, name: str) -> LoraAdapter:

@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import AlreadyExists, EngineFailure, ResourceExhausted
+from ..errors import AlreadyExists, EngineFailure, ResourceExhausted, clip
 
 
 @dataclass(slots=True, eq=False)
@@ -109,8 +109,8 @@ class RequestRegistry:
         held = self._active.get(request.request_id)
         if held is not None:
             if held.ended:
-                raise AlreadyExists(f"request {request.request_id!r} ended, but its engine is still aborting it")
-            raise AlreadyExists(f"request {request.request_id!r} is already in flight")
+                raise AlreadyExists(f"request {clip(request.request_id)} ended, but its engine is still aborting it")
+            raise AlreadyExists(f"request {clip(request.request_id)} is already in flight")
         if self._max_in_flight is not None and len(self._active) >= self._max_in_flight:
             raise ResourceExhausted(
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100

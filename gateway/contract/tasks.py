@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 from google.protobuf.message import Message
 
 from .. import pb
-from ..errors import FailedPrecondition, InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument, clip
 from ..spi.requests import (
     ClassifyCall,
     EmbedCall,
@@ -138,7 +138,7 @@ def _unique(ids: Iterable[str], field: str, scope: str) -> None:
     seen: set[str] = set()
     for value in ids:
         if value in seen:
-            raise InvalidArgument(f"duplicate {field} {value!r} in {scope}")
+            raise InvalidArgument(f"duplicate {field} {clip(value)} in {scope}")
         seen.add(value)
 
 

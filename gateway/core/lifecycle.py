@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from .. import pb
 from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
-from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure
+from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure, clip
 from ..spi.events import EventStream, OutputFinished, PrefillDone
 from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping, TaskContext, TaskItem
 from .audit import audit
@@ -204,12 +204,12 @@ class LifecycleService:
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")
-            return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {request_id!r} aborted")
+            return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {clip(request_id)} aborted")
         if active is not None or self._registry.recently_finished(request_id, caller.reaches):
             return pb.AbortResponse(
-                status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {request_id!r} already finished"
+                status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {clip(request_id)} already finished"
             )
-        raise NotFound(f"no request {request_id!r} is in flight or recently finished")
+        raise NotFound(f"no request {clip(request_id)} is in flight or recently finished")
 
     async def _abort_session(self, session_id: str) -> pb.AbortResponse:
         """Abort a KV session the caller reaches: one it was handed, or one its requests use.
@@ -222,9 +222,9 @@ class LifecycleService:
         registry = self._registry
         attached = [active for active in registry.with_kv_session(session_id) if caller.reaches(active.owner)]
         if not caller.sees_all and not attached and not registry.knows_session(session_id, caller.reaches):
-            raise NotFound(f"no KV session {session_id!r} is open")
+            raise NotFound(f"no KV session {clip(session_id)} is open")
         for active in attached:
-            active.abort(f"KV session {session_id!r} aborted")
+            active.abort(f"KV session {clip(session_id)} aborted")
         released = False
         for engine in self._engines:
             released = await engine.backend.abort_kv_session(session_id) or released
@@ -232,14 +232,14 @@ class LifecycleService:
             if registry.knows_session(session_id, caller.reaches):
                 return pb.AbortResponse(
                     status=pb.ABORT_STATUS_ALREADY_FINISHED,
-                    message=f"KV session {session_id!r} holds nothing an Abort can release (pulled, expired, "
+                    message=f"KV session {clip(session_id)} holds nothing an Abort can release (pulled, expired, "
                     "released, or freed by its engine alone)",
                 )
-            raise NotFound(f"no KV session {session_id!r} is open")
+            raise NotFound(f"no KV session {clip(session_id)} is open")
         registry.remember_session(session_id, caller.owner)
         return pb.AbortResponse(
             status=pb.ABORT_STATUS_ABORTED,
-            message=f"KV session {session_id!r} aborted ({len(attached)} attached requests)",
+            message=f"KV session {clip(session_id)} aborted ({len(attached)} attached requests)",
         )
 
     def _abort_all(self, reason: str) -> int:

@@ -7,7 +7,7 @@ import asyncio
 from .. import pb
 from ..contract.lora import LoraRegistry, adapter_to_proto
 from ..engines import Engine, EngineSet
-from ..errors import FailedPrecondition, InvalidArgument, clip
+from ..errors import FailedPrecondition, InvalidArgument, PermissionDenied, clip
 from .audit import audit
 
 
@@ -36,7 +36,11 @@ class LoraService:
         # One engine reading this host's files is enough for the path to have to exist here.
         local = any(engine.facts.shares_filesystem for engine in engines)
         async with self._lock:
-            adapter, already = self._registry.resolve(request.adapter, local=local)
+            try:
+                adapter, already = self._registry.resolve(request.adapter, local=local)
+            except PermissionDenied as refused:
+                audit(f"PERMISSION_DENIED on LoadLora: {refused.message}")
+                raise
             if not already:
                 for engine in engines:
                     await engine.backend.load_lora(adapter)

@@ -20,7 +20,7 @@ from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
-from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error
+from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error, clip
 from ..logs import bind_request_id
 from ..spi.requests import TaskContext
 from .aborts import abort_then_release
@@ -115,7 +115,7 @@ class TaskService:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
                 if active.aborted:
-                    raise Cancelled(f"request {context.request_id!r} was aborted: {active.abort_reason}") from None
+                    raise Cancelled(f"request {clip(context.request_id)} was aborted: {active.abort_reason}") from None
                 if active.failure is not None:
                     failed = True
                     raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None

@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from .. import pb
 from ..core.gateway import Gateway
-from ..errors import RequestError, ResourceExhausted
+from ..errors import RequestError, ResourceExhausted, bounded_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,7 +31,7 @@ async def reject(context: Context, error: RequestError) -> None:
     """End the call with ``error``'s status (raises, as ``context.abort`` does)."""
     if error.retry_after_ms is not None:
         context.set_trailing_metadata((("retry-after-ms", str(error.retry_after_ms)),))
-    await context.abort(grpc.StatusCode[error.status.name], error.message)
+    await context.abort(grpc.StatusCode[error.status.name], bounded_message(error.message))
 
 
 async def _unary(

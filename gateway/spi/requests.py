@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .. import pb
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, clip
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ class Guidance:
             raise InvalidArgument(f"this {engine} engine was started without a {setting}")
         if self.backend and self.backend != engine_backend:
             raise InvalidArgument(
-                f"guided.backend {self.backend!r} differs from this engine's {setting} {engine_backend!r}; "
+                f"guided.backend {clip(self.backend)} differs from this engine's {setting} {engine_backend!r}; "
                 f"{engine} selects the backend per engine"
             )
 

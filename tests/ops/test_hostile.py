@@ -154,3 +154,37 @@ async def test_an_oversized_generate_is_counted_and_logged_once(caplog: pytest.L
     size = request.ByteSize()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(size) in r.getMessage()]
     assert len(warnings) == 1 and "Generate" in warnings[0] and "ipv4:127.0.0.1:" in warnings[0], warnings
+
+
+HUGE = "x" * 100_000
+"""A client string far past the 16 KiB a grpc client accepts in a status message."""
+
+
+async def _status(call: object) -> tuple[str, str]:
+    try:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:  # type: ignore[attr-defined]
+                pass
+        else:
+            await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as error:
+        return error.code().name, error.details() or ""
+    return "OK", ""
+
+
+async def test_no_status_message_repeats_a_client_string_whole() -> None:
+    """Each answer is the status the request deserves, with a message under 1 KiB that quotes a
+    prefix of what was sent and its length (grpc's client would otherwise refuse the status and
+    report RESOURCE_EXHAUSTED "Stream removed")."""
+    async with gateway() as running:
+        stub = running.stub
+        answers = {
+            "Generate(model)": await _status(stub.Generate(pb.GenerateRequest(model=HUGE, prompt="hi"), timeout=5)),
+            "GetModelInfo(model)": await _status(stub.GetModelInfo(pb.GetModelInfoRequest(model=HUGE), timeout=5)),
+            "Abort(request_id)": await _status(stub.Abort(pb.AbortRequest(request_id=HUGE), timeout=5)),
+            "UnloadLora(lora_name)": await _status(stub.UnloadLora(pb.UnloadLoraRequest(lora_name=HUGE), timeout=5)),
+        }
+    for call, (code, message) in answers.items():
+        assert code in ("NOT_FOUND", "INVALID_ARGUMENT"), (call, code)
+        assert len(message.encode()) < 1024 and "100000 characters" in message, (call, message[:200])
+    assert answers["Generate(model)"][0] == answers["GetModelInfo(model)"][0] == "NOT_FOUND"

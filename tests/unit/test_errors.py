@@ -162,3 +162,18 @@ def test_every_error_code_has_a_status() -> None:
     """Every ErrorCode maps to a non-OK status class (INTERNAL is the fallback)."""
     for code in pb.ErrorCode.values():
         assert isinstance(as_status_error(EngineFailure(code, "m")), RequestError)
+
+
+def test_a_client_string_is_quoted_whole_only_when_short() -> None:
+    assert errors.clip("abc") == "'abc'"
+    long = errors.clip("é" * 5000)
+    assert long.startswith("'" + "é" * errors.ECHO_CHARS + "'") and long.endswith("(5000 characters)")
+
+
+def test_every_message_sent_is_under_1_kib() -> None:
+    assert errors.bounded_message("short") == "short"
+    for text in ("a" * 5000, "日本" * 3000):
+        cut = errors.bounded_message(text)
+        assert len(cut.encode()) <= errors.MAX_STATUS_MESSAGE_BYTES < 1024 and cut.endswith("(cut)")
+    failure = EngineFailure(pb.ERROR_CODE_INTERNAL, "z" * 10_000)
+    assert len(failure.to_proto().message) <= errors.MAX_STATUS_MESSAGE_BYTES
