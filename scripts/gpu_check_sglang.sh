@@ -3,19 +3,22 @@
 #
 #   bash scripts/gpu_check_sglang.sh            # from the repository root
 #
-# Creates .venv-sglang (kept between runs), installs the project with the `sglang` extra (SGLang
-# 0.5.23, CUDA only) and the test tools, then runs every test marked `sglang`: the tiny Llama the
-# vLLM tests build offline (no model download), served by the driver behind an in-process gateway,
-# with the gateway's tokens, logprobs and scores compared against the same SGLang engine called
-# directly; abort, load, health, KV events from SGLang's ZMQ publisher, guided decoding, LoRA,
-# a prefill/decode pair on SGLang's `fake` transfer backend, and the conformance kit. About 1 GB
-# of GPU memory per engine. Extra arguments go to pytest.
+# Creates .venv-sglang-gpu (kept between runs; .venv-sglang is CI's CPU environment for SGLang's real
+# classes), installs the project with the `sglang` extra (SGLang 0.5.23, CUDA only) and the test tools,
+# then runs every test marked `sglang`: the tiny Llama the vLLM tests build offline (no model download),
+# served by the driver behind an in-process gateway, with the gateway's tokens, logprobs and scores
+# compared against the same SGLang engine called directly; abort, load, health, KV events from SGLang's
+# ZMQ publisher (salted and unsalted prefixes, per attention-DP rank), guided decoding, LoRA, a
+# prefill/decode pair on SGLang's `fake` transfer backend as two gateways (one SGLang engine each, the
+# decode one the real command), SIGTERM ending a real SGLang gateway with exit 0 and no process left,
+# the gateway's logging surviving SGLang's start, data-parallel attention (skipped with fewer than two
+# GPUs), and the conformance kit. About 1 GB of GPU memory per engine. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-VENV="${VENV:-.venv-sglang}"
+VENV="${VENV:-.venv-sglang-gpu}"
 PYTHON="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
