@@ -122,6 +122,22 @@ def _parser() -> argparse.ArgumentParser:
         ("--max-message-bytes", "bytes of one gRPC message (default 64 MiB)"),
     ):
         limits.add_argument(flag, type=int, help=what)
+    bounds = parser.add_argument_group("bounds on client-sized fields (past them: INVALID_ARGUMENT)")
+    for flag, what in (
+        (
+            "--max-id-chars",
+            "characters of a request, session, item or group id, lora_name, cache_salt, metadata key or value "
+            "(default 1024)",
+        ),
+        ("--max-stop-conditions", "stop strings and stop token ids of one Generate (default 1024)"),
+        ("--max-stop-chars", "characters of one stop string (default 4096)"),
+        ("--max-guide-chars", "characters of a guided-decoding spec, or of all its choices (default 1048576)"),
+        ("--max-candidate-ids", "token ids of an explicit candidate selection (default 4096)"),
+        ("--max-num-sequences", "sequences of one Generate (narrows the advertised max_num_sequences) (default 128)"),
+        ("--max-metadata-entries", "entries of a request's metadata map (default 64)"),
+        ("--max-path-chars", "characters of a LoRA adapter's source_path (default 4096)"),
+    ):
+        bounds.add_argument(flag, type=int, help=what)
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0 picks one)")
     metrics.add_argument("--metrics-host", help="address for the metrics port (default: --host)")
@@ -180,6 +196,14 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
             "max_prompt_tokens": args.max_prompt_tokens,
             "max_task_items": args.max_task_items,
             "max_message_bytes": args.max_message_bytes,
+            "max_id_chars": args.max_id_chars,
+            "max_stop_conditions": args.max_stop_conditions,
+            "max_stop_chars": args.max_stop_chars,
+            "max_guide_chars": args.max_guide_chars,
+            "max_candidate_ids": args.max_candidate_ids,
+            "max_num_sequences": args.max_num_sequences,
+            "max_metadata_entries": args.max_metadata_entries,
+            "max_path_chars": args.max_path_chars,
             "metrics_port": args.metrics_port,
             "metrics_host": args.metrics_host,
         },
@@ -214,6 +238,14 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         max_prompt_chars=section.max_prompt_chars,
         max_prompt_tokens=section.max_prompt_tokens,
         max_task_items=section.max_task_items,
+        max_id_chars=section.max_id_chars,
+        max_stop_conditions=section.max_stop_conditions,
+        max_stop_chars=section.max_stop_chars,
+        max_guide_chars=section.max_guide_chars,
+        max_candidate_ids=section.max_candidate_ids,
+        max_num_sequences=section.max_num_sequences,
+        max_metadata_entries=section.max_metadata_entries,
+        max_path_chars=section.max_path_chars,
         health_poll_s=section.health_poll_s,
         finished_window=section.finished_window,
         kv_replay_batches=section.kv_replay_batches,

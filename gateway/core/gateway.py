@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from .. import pb
+from ..contract.bounds import FieldBounds, advertise_bounds
 from ..contract.limits import RequestLimits, advertise_task_limits
 from ..contract.lora import LoraRegistry
 from ..contract.registry import RequestRegistry
@@ -48,6 +49,23 @@ class GatewayOptions:
     """Token ids of one token prompt or task input before RESOURCE_EXHAUSTED; None = the engine's limit."""
     max_task_items: int | None = None
     """Inputs of one Embed/Classify call (queries and candidates of a Score call); None = the engine's."""
+    max_id_chars: int = 1024
+    """Bound (INVALID_ARGUMENT past it): characters of an identifier (request_id, KV session ids,
+    lora_name, cache_salt, item and group ids, metadata keys and values)."""
+    max_stop_conditions: int = 1024
+    """Bound (INVALID_ARGUMENT past it): stop strings and stop token ids of one Generate."""
+    max_stop_chars: int = 4096
+    """Bound (INVALID_ARGUMENT past it): characters of one stop string."""
+    max_guide_chars: int = 1024 * 1024
+    """Bound (INVALID_ARGUMENT past it): characters of a guided-decoding spec, or of all its choices."""
+    max_candidate_ids: int = 4096
+    """Bound (INVALID_ARGUMENT past it): token ids of an explicit candidate selection."""
+    max_num_sequences: int = 128
+    """Bound (INVALID_ARGUMENT past it): sequences of one Generate (narrows the advertised max_num_sequences)."""
+    max_metadata_entries: int = 64
+    """Bound (INVALID_ARGUMENT past it): entries of a request's metadata map."""
+    max_path_chars: int = 4096
+    """Bound (INVALID_ARGUMENT past it): characters of a LoRA adapter's source_path."""
     health_poll_s: float = 1.0
     """How often each engine's health and load are checked in the background (``core.monitor``)."""
     finished_window: int = 65536
@@ -82,20 +100,38 @@ class Gateway:
         loras = LoraRegistry(options.lora_roots)
         self.telemetry = Telemetry()
         limits = RequestLimits(options.max_prompt_chars, options.max_prompt_tokens, options.max_task_items)
+        bounds = FieldBounds(**{name: getattr(options, name) for name in FieldBounds.__dataclass_fields__})
         for engine in engines:
             advertise_task_limits(engine.model_info, limits)
+            advertise_bounds(engine.model_info, bounds)
         instance_id = options.instance_id or (
             next(iter(engines)).facts.instance_id if len(engines) == 1 else uuid.uuid4().hex
         )
         self.generation = GenerationService(
-            engines, self.registry, self.state, loras, self.background, limits=limits, telemetry=self.telemetry
+            engines,
+            self.registry,
+            self.state,
+            loras,
+            self.background,
+            limits=limits,
+            bounds=bounds,
+            telemetry=self.telemetry,
         )
         self.tasks = TaskService(
-            engines, self.registry, self.state, loras, self.background, limits=limits, telemetry=self.telemetry
+            engines,
+            self.registry,
+            self.state,
+            loras,
+            self.background,
+            limits=limits,
+            bounds=bounds,
+            telemetry=self.telemetry,
         )
-        self.lifecycle = LifecycleService(engines, self.registry, self.state, probe_timeout=options.probe_timeout_s)
+        self.lifecycle = LifecycleService(
+            engines, self.registry, self.state, probe_timeout=options.probe_timeout_s, bounds=bounds
+        )
         self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=options.advertise_host)
-        self.lora = LoraService(engines, loras)
+        self.lora = LoraService(engines, loras, bounds=bounds)
         self.events = EventService(
             engines,
             self.background,

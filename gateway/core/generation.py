@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from .. import pb
+from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_generate_fields
 from ..contract.generation import parse_generate
 from ..contract.limits import RequestLimits, check_generate
 from ..contract.lora import LoraRegistry
@@ -52,6 +53,7 @@ class GenerationService:
         background: BackgroundTasks,
         *,
         limits: RequestLimits | None = None,
+        bounds: FieldBounds = DEFAULT_BOUNDS,
         telemetry: Telemetry | None = None,
     ) -> None:
         self._engines = engines
@@ -60,11 +62,13 @@ class GenerationService:
         self._loras = loras
         self._background = background
         self._limits = limits or RequestLimits()
+        self._bounds = bounds
         self._telemetry = telemetry
 
     def prepare(self, request: pb.GenerateRequest) -> tuple[Engine, GenerationRequest]:
         """Route and validate (pre-acceptance); raises ``RequestError``."""
         self._state.check_accepting()
+        check_generate_fields(request, self._bounds)
         engine = self._engines.resolve(request.model)  # an unknown model is NOT_FOUND first
         check_generate(request, self._limits)
         self._state.check_engine(engine.served_name)

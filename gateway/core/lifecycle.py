@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 
 from .. import pb
+from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_abort_fields
 from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure, clip
@@ -64,11 +65,13 @@ class LifecycleService:
         *,
         probe_timeout: float = 30.0,
         drain_progress_interval: float = 0.5,
+        bounds: FieldBounds = DEFAULT_BOUNDS,
     ) -> None:
         self._engines = engines
         self._registry = registry
         self._state = state
         self._probe_timeout = probe_timeout
+        self._bounds = bounds
         self._progress_interval = drain_progress_interval
         self._closed: EngineFailure | None = None
         """Set at shutdown: open drains end with it (``close``)."""
@@ -177,6 +180,7 @@ class LifecycleService:
 
     async def abort(self, request: pb.AbortRequest) -> pb.AbortResponse:
         """Abort one request, the requests and KV state of one session, or everything."""
+        check_abort_fields(request, self._bounds)
         target = request.WhichOneof("target")
         if target is None:
             raise InvalidArgument("exactly one abort target is required (request_id, kv_session or all_requests)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from .. import pb
+from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_lora_fields
 from ..contract.lora import LoraRegistry, adapter_to_proto
 from ..engines import Engine, EngineSet
 from ..errors import FailedPrecondition, InvalidArgument, PermissionDenied, clip
@@ -14,8 +15,9 @@ from .audit import audit
 class LoraService:
     """Applies adapter lifecycle calls to every engine that advertises LoRA."""
 
-    def __init__(self, engines: EngineSet, registry: LoraRegistry) -> None:
+    def __init__(self, engines: EngineSet, registry: LoraRegistry, *, bounds: FieldBounds = DEFAULT_BOUNDS) -> None:
         self._engines = engines
+        self._bounds = bounds
         self._registry = registry
         self._lock = asyncio.Lock()
         for engine in engines:
@@ -30,6 +32,7 @@ class LoraService:
     async def load(self, request: pb.LoadLoraRequest) -> pb.LoadLoraResponse:
         """Load an adapter everywhere it can be served; idempotent for the same adapter."""
         audit(f"LoadLora of {clip(request.adapter.lora_name)} from {clip(request.adapter.source_path)}")
+        check_lora_fields(request.adapter.lora_name, request.adapter.source_path, self._bounds)
         engines = self._lora_engines()
         if not request.HasField("adapter"):
             raise InvalidArgument("adapter is required")
@@ -50,6 +53,7 @@ class LoraService:
     async def unload(self, request: pb.UnloadLoraRequest) -> pb.UnloadLoraResponse:
         """Unload an adapter by name."""
         audit(f"UnloadLora of {clip(request.lora_name)}")
+        check_lora_fields(request.lora_name, "", self._bounds)
         engines = self._lora_engines()
         if not request.lora_name:
             raise InvalidArgument("lora_name is required")

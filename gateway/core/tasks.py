@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from .. import pb
 from ..contract import tasks as rules
+from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_task_fields
 from ..contract.limits import RequestLimits, check_task_count, check_task_inputs, score_inputs
 from ..contract.lora import LoraRegistry
 from ..contract.registry import ActiveRequest, RequestRegistry
@@ -46,6 +47,7 @@ class TaskService:
         background: BackgroundTasks,
         *,
         limits: RequestLimits | None = None,
+        bounds: FieldBounds = DEFAULT_BOUNDS,
         telemetry: Telemetry | None = None,
     ) -> None:
         self._engines = engines
@@ -54,17 +56,24 @@ class TaskService:
         self._loras = loras
         self._background = background
         self._limits = limits or RequestLimits()
+        self._bounds = bounds
         self._telemetry = telemetry
 
     def _route(
-        self, context: pb.TaskRequestContext, inputs: Iterable[pb.TaskInput], parse: Callable[[pb.ModelInfo], C]
+        self,
+        request: pb.EmbedRequest | pb.ClassifyRequest | pb.ScoreRequest,
+        inputs: Iterable[pb.TaskInput],
+        parse: Callable[[pb.ModelInfo], C],
     ) -> tuple[Engine, C]:
         """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), the
         operator's caps on each input (RESOURCE_EXHAUSTED, before parsing looks at what they hold),
         what the model advertises (INVALID_ARGUMENT past an advertised limit, which
-        ``--max-task-items`` narrows), the operator's cap on the count, then the engine's readiness."""
+        ``--max-task-items`` narrows), the operator's cap on the count, then the engine's readiness.
+        The bounds on identifiers and metadata come first of all."""
+        context = request.context
         rules.require_context(context)
         self._state.check_accepting()
+        check_task_fields(request, self._bounds)
         engine = self._engines.resolve(context.model, required=True)
         count = check_task_inputs(inputs, self._limits)
         call = parse(engine.model_info)
@@ -74,21 +83,19 @@ class TaskService:
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
-        engine, call = self._route(request.context, request.inputs, lambda info: rules.parse_embed(request, info))
+        engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.embed(call))
         return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
-        engine, call = self._route(request.context, request.inputs, lambda info: rules.parse_classify(request, info))
+        engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.classify(call))
         return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
-        engine, call = self._route(
-            request.context, score_inputs(request), lambda info: rules.parse_score(request, info)
-        )
+        engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
         result, usage = await self._run(engine, call.context, engine.backend.score(call))
         return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
 

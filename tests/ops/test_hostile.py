@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from openengine_gateway import pb
+from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
 
@@ -188,3 +191,101 @@ async def test_no_status_message_repeats_a_client_string_whole() -> None:
         assert code in ("NOT_FOUND", "INVALID_ARGUMENT"), (call, code)
         assert len(message.encode()) < 1024 and "100000 characters" in message, (call, message[:200])
     assert answers["Generate(model)"][0] == answers["GetModelInfo(model)"][0] == "NOT_FOUND"
+
+
+SMALL = GatewayOptions(
+    max_id_chars=16,
+    max_stop_conditions=4,
+    max_stop_chars=8,
+    max_guide_chars=32,
+    max_candidate_ids=3,
+    max_num_sequences=2,
+    max_metadata_entries=2,
+    max_path_chars=64,
+)
+"""Bounds small enough to reach in a test; each case below sends a value at its bound and one past it."""
+
+
+def _generate(**fields: object) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(model="mock", prompt="hi", **fields)  # type: ignore[arg-type]
+    request.stopping.max_tokens = request.stopping.max_tokens or 1
+    return request
+
+
+def _stops(count: int, chars: int = 1) -> pb.StoppingOptions:
+    return pb.StoppingOptions(max_tokens=1, conditions=[pb.StopCondition(stop_text="z" * chars)] * count)
+
+
+def _candidates(count: int) -> pb.ResponseOptions:
+    return pb.ResponseOptions(output_candidates=pb.CandidateTokenSelection(token_ids=pb.TokenIds(ids=range(count))))
+
+
+def _embed(request_id: str = "e", item_id: str = "a", entries: int = 0) -> pb.EmbedRequest:
+    context = pb.TaskRequestContext(request_id=request_id, model="mock", metadata={str(n): "v" for n in range(entries)})
+    return pb.EmbedRequest(context=context, inputs=[pb.TaskInput(item_id=item_id, text="x")])
+
+
+def _choices(chars: int) -> pb.GuidedDecoding:
+    return pb.GuidedDecoding(choice=pb.ChoiceConstraint(choices=["a" * 16, "a" * (chars - 16)]))
+
+
+def _adapter(chars: int) -> pb.LoadLoraRequest:
+    return pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=1, lora_name="a", source_path="/" + "p" * (chars - 1)))
+
+
+def _session(chars: int) -> pb.AbortRequest:
+    return pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="k" * chars))
+
+
+# (what, the RPC, the request for a size, the bound): the size at the bound passes it, one more does not
+BOUNDS: list[tuple[str, str, Callable[[int], Any], int]] = [
+    ("request_id", "Generate", lambda n: _generate(request_id="r" * n), 16),
+    ("cache_salt", "Generate", lambda n: _generate(kv=pb.KvOptions(cache_salt="s" * n)), 16),
+    ("lora_name", "Generate", lambda n: _generate(lora_name="l" * n), 16),
+    ("stop conditions", "Generate", lambda n: _generate(stopping=_stops(n)), 4),
+    ("stop string", "Generate", lambda n: _generate(stopping=_stops(1, n)), 8),
+    ("guide", "Generate", lambda n: _generate(guided=pb.GuidedDecoding(regex="a" * n)), 32),
+    ("choices", "Generate", lambda n: _generate(guided=_choices(n)), 32),
+    ("candidate ids", "Generate", lambda n: _generate(response=_candidates(n)), 3),
+    ("metadata", "Generate", lambda n: _generate(metadata={str(k): "v" for k in range(n)}), 2),
+    ("sequences", "Generate", lambda n: _generate(sampling=pb.SamplingParams(num_sequences=n)), 2),
+    ("task request_id", "Embed", lambda n: _embed(request_id="r" * n), 16),
+    ("task item_id", "Embed", lambda n: _embed(item_id="i" * n), 16),
+    ("task metadata", "Embed", lambda n: _embed(entries=n), 2),
+    ("abort request_id", "Abort", lambda n: pb.AbortRequest(request_id="r" * n), 16),
+    ("abort session_id", "Abort", _session, 16),
+    ("unload lora_name", "UnloadLora", lambda n: pb.UnloadLoraRequest(lora_name="l" * n), 16),
+    ("load source_path", "LoadLora", _adapter, 64),
+]
+
+
+def _bounded(message: str) -> bool:
+    """A refusal by a bound: named with its flag, or (sequences) by the narrowed advertised maximum."""
+    return ("this gateway accepts at most" in message and "(--max-" in message) or "advertised maximum (2)" in message
+
+
+@pytest.mark.parametrize(("what", "rpc", "sized", "bound"), BOUNDS, ids=[case[0] for case in BOUNDS])
+async def test_every_client_sized_field_is_bounded_at_its_edge(
+    what: str, rpc: str, sized: Callable[[int], Any], bound: int
+) -> None:
+    async with gateway(options=SMALL) as running:
+        method = getattr(running.stub, rpc)
+        code, message = await _status(method(sized(bound), timeout=5))
+        assert not _bounded(message), (what, code, message)
+        code, message = await _status(method(sized(bound + 1), timeout=5))
+        assert code == "INVALID_ARGUMENT" and _bounded(message), (what, code, message)
+        assert len(running.gateway.registry) == 0
+
+
+async def test_the_default_bounds_refuse_a_100_kb_request_id_and_90000_stop_strings_at_once() -> None:
+    async with gateway() as running:
+        huge_id = await _status(running.stub.Generate(_generate(request_id=HUGE), timeout=5))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        stops = await _status(running.stub.Generate(_generate(stopping=_stops(90_000)), timeout=10))
+        elapsed = loop.time() - started
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model="mock"))
+    assert huge_id[0] == "INVALID_ARGUMENT" and "--max-id-chars" in huge_id[1]
+    assert stops[0] == "INVALID_ARGUMENT" and "--max-stop-conditions" in stops[1]
+    assert elapsed < 1.0
+    assert info.generation.max_num_sequences == 8  # the mock's own 8, under the default bound of 128
