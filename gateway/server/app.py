@@ -64,7 +64,7 @@ class GatewayServer:
         self.options = options
         self.port = 0
         self.metrics_port: int | None = None
-        self.metrics = MetricsExporter(gateway)
+        self.metrics = MetricsExporter(gateway, options.auth.names if options.auth is not None else ())
         logs.redact_grpc()
         self._server = grpc.aio.server(
             interceptors=[

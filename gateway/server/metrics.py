@@ -7,6 +7,7 @@ and the streaming path never touches a Prometheus lock.
 
     openengine_gateway_requests_total{rpc,code}           RPCs by final gRPC status
     openengine_gateway_in_flight_requests                 accepted requests not yet ended
+    openengine_gateway_token_in_flight_requests{token}    the same, per token name (never the token)
     openengine_gateway_engine_running_requests{model}     the engine's own running count
     openengine_gateway_engine_queued_requests{model}      the engine's own queue
     openengine_gateway_time_to_first_token_seconds        histogram, acceptance to first token message
@@ -24,7 +25,7 @@ and the streaming path never touches a Prometheus lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
@@ -42,7 +43,7 @@ _HEALTH_STATES = [pb.HealthState.Name(state) for state in pb.HealthState.values(
 class MetricsExporter:
     """The metrics registry of one gateway and, once started, the HTTP server exposing it."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, token_names: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             f"{PREFIX}_requests",
@@ -50,7 +51,7 @@ class MetricsExporter:
             ("rpc", "code"),
             registry=self.registry,
         )
-        self.registry.register(_GatewayCollector(gateway))
+        self.registry.register(_GatewayCollector(gateway, tuple(token_names)))
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def rpc_finished(self, rpc: str, code: str) -> None:
@@ -81,8 +82,10 @@ class MetricsExporter:
 class _GatewayCollector(Collector):
     """Reads the gateway's live state at scrape time (from the exporter's thread)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, token_names: tuple[str, ...]) -> None:
         self._gateway = gateway
+        self._token_names = token_names
+        """Every configured token's name, so that an idle token reads 0 rather than nothing."""
 
     def collect(self) -> Iterator[Metric]:
         gateway = self._gateway
@@ -90,6 +93,7 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_in_flight_requests", "Accepted requests not yet ended", len(gateway.registry)
         )
+        yield self._tokens()
         yield from self._engines()
         yield _histogram(f"{PREFIX}_time_to_first_token_seconds", "Acceptance to first token message", telemetry.ttft)
         yield _histogram(f"{PREFIX}_inter_token_latency_seconds", "Gap between token messages", telemetry.itl)
@@ -115,6 +119,15 @@ class _GatewayCollector(Collector):
         dropped.add_metric(("runtime",), events.runtime.dropped_subscribers)
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
+
+    def _tokens(self) -> Metric:
+        owned = self._gateway.registry.owner_counts()
+        family = GaugeMetricFamily(
+            f"{PREFIX}_token_in_flight_requests", "Accepted requests not yet ended, per token name", labels=("token",)
+        )
+        for name in dict.fromkeys((*self._token_names, *owned)):
+            family.add_metric((name,), owned.get(name, 0))
+        return family
 
     def _engines(self) -> Iterator[Metric]:
         gateway = self._gateway

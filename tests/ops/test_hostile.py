@@ -20,6 +20,7 @@ from openengine_gateway import pb
 from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
+from prometheus_client import generate_latest
 
 from tests.ops.raw_h2 import raw_call
 from tests.ops.support import CALLS, OPEN, gateway, outcome
@@ -289,3 +290,33 @@ async def test_the_default_bounds_refuse_a_100_kb_request_id_and_90000_stop_stri
     assert stops[0] == "INVALID_ARGUMENT" and "--max-stop-conditions" in stops[1]
     assert elapsed < 1.0
     assert info.generation.max_num_sequences == 8  # the mock's own 8, under the default bound of 128
+
+
+async def test_one_token_cannot_take_every_slot() -> None:
+    options = GatewayOptions(max_in_flight=8, max_in_flight_per_token=2)
+    async with gateway(server=_tenants(metrics_port=0), options=options, decode_time_per_step_s=0.02) as running:
+        stub, metrics = running.stub, running.server.metrics.registry
+        streams = []
+        for token, count in ((ALICE, 2), (BOB, 1)):
+            for _ in range(count):
+                request = _generate(stopping=pb.StoppingOptions(max_tokens=500))
+                stream = stub.Generate(request, metadata=_as(token))
+                await anext(aiter(stream))
+                streams.append(stream)
+        greedy = stub.Generate(_generate(), metadata=_as(ALICE))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in greedy:
+                pass
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "this token is at its limit of 2" in (refused.value.details() or "")
+        assert ("retry-after-ms", "100") in tuple(refused.value.trailing_metadata() or ())
+        assert [r async for r in stub.Generate(_generate(), metadata=_as(BOB))][-1].HasField("finished")
+
+        def in_flight(name: str) -> float | None:
+            return metrics.get_sample_value("openengine_gateway_token_in_flight_requests", {"token": name})
+
+        assert (in_flight("alice"), in_flight("bob"), in_flight("operator")) == (2, 1, 0)
+        page = generate_latest(metrics).decode()
+        assert all(token not in page for token in (ALICE, BOB, OPERATOR, ROUTER))
+        for stream in streams:
+            stream.cancel()
