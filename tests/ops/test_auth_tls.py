@@ -175,3 +175,49 @@ def test_bad_tls_files_are_refused_before_any_engine_starts(certificates: Certif
     ):
         with pytest.raises(OSError, match=names):
             files.check()
+
+
+def _audit(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == "openengine_gateway.audit" and r.levelno == logging.INFO
+    ]
+
+
+async def test_every_call_that_changes_what_all_clients_see_is_audited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Drain, LoadLora, UnloadLora, Abort of all requests and every PERMISSION_DENIED: one INFO
+    line each, naming the token by its name and the peer, never the token."""
+    caplog.set_level(logging.INFO)
+    auth = TokenAuth([("tenant", INFERENCE)], [("operator", CONTROL)])
+    async with gateway(server=ServerOptions(auth=auth)) as running:
+        for call in CALLS:
+            if call.control:
+                await outcome(running.stub, call, tmp_path, metadata=bearer(CONTROL))
+        await outcome(running.stub, CALLS[[c.rpc for c in CALLS].index("Drain")], tmp_path, metadata=bearer(INFERENCE))
+    lines = _audit(caplog)
+    operator = [line for line in lines if "by token 'operator' from ipv4:127.0.0.1:" in line]
+    for action in ("Abort(all_requests) of 0 requests", "Drain (", "LoadLora of 'ops-adapter'", "UnloadLora of"):
+        assert sum(line.startswith(f"audit: {action}") for line in operator) == 1, (action, lines)
+    assert any(
+        line.startswith("audit: PERMISSION_DENIED on Drain by token 'tenant' from ipv4:127.0.0.1:") for line in lines
+    ), lines
+    assert INFERENCE not in caplog.text and CONTROL not in caplog.text
+
+
+async def test_without_tokens_the_audit_names_the_client_certificate(
+    tmp_path: Path, certificates: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    tls = TlsFiles(certificates.server.cert_file, certificates.server.key_file, certificates.ca.cert_file)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=certificates.ca.cert,
+        private_key=certificates.client.key,
+        certificate_chain=certificates.client.cert,
+    )
+    async with gateway(server=ServerOptions(tls=tls), credentials=credentials) as running:
+        await running.stub.Abort(pb.AbortRequest(all_requests=pb.AllRequests()))
+    assert any(
+        line.startswith("audit: Abort(all_requests) of 0 requests by certificate ") and "client" in line
+        for line in _audit(caplog)
+    ), _audit(caplog)
