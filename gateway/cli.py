@@ -140,7 +140,15 @@ def _parser() -> argparse.ArgumentParser:
         bounds.add_argument(flag, type=int, help=what)
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0 picks one)")
-    metrics.add_argument("--metrics-host", help="address for the metrics port (default: --host)")
+    metrics.add_argument(
+        "--metrics-host", help="address for the metrics port (default 127.0.0.1: loopback only, whatever --host)"
+    )
+    metrics.add_argument(
+        "--metrics-tls",
+        action="store_true",
+        default=None,
+        help="serve metrics over HTTPS with --tls-cert/--tls-key (and --tls-client-ca: client certificates)",
+    )
     return parser
 
 
@@ -206,6 +214,7 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
             "max_path_chars": args.max_path_chars,
             "metrics_port": args.metrics_port,
             "metrics_host": args.metrics_host,
+            "metrics_tls": args.metrics_tls,
         },
     )
 
@@ -307,8 +316,12 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         control_token_files=_listed(section.control_token_file),
         observer_token_files=_listed(section.observer_token_file),
     )
+    if section.metrics_tls and tls is None:
+        raise ConfigError("--metrics-tls serves the gateway's certificate: it needs --tls-cert and --tls-key")
     host = section.host
-    if auth is None and host not in ("127.0.0.1", "::1", "localhost"):
+    if section.metrics_port is not None and not section.metrics_tls and not _loopback(section.metrics_host):
+        log.warning("metrics on %s in plaintext and without a token; add --metrics-tls", section.metrics_host)
+    if auth is None and not _loopback(host):
         log.warning("serving on %s without authentication: anyone who reaches it can drain it", host)
     if auth is not None and auth.tenants_share_control:
         log.warning(
@@ -323,7 +336,12 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         auth=auth,
         metrics_port=section.metrics_port,
         metrics_host=section.metrics_host,
+        metrics_tls=section.metrics_tls,
     )
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "[::1]", "localhost")
 
 
 def _listed(path: Path | None) -> list[Path]:

@@ -83,7 +83,8 @@ class GatewaySection(_Strict):
     control_token_file: Path | None = None
     observer_token_file: Path | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_tls: bool = False
     log_format: Literal["text", "json"] = "text"
 
 

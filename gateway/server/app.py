@@ -52,8 +52,11 @@ class ServerOptions:
     """Bearer tokens every call must present (``auth``); None = no authentication."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0 picks one); None = no metrics endpoint."""
-    metrics_host: str | None = None
-    """Address for the metrics endpoint; None = ``host``."""
+    metrics_host: str = "127.0.0.1"
+    """Address for the metrics endpoint: loopback unless told otherwise, whatever ``host`` is (the
+    page names models, token names and load, and takes no token)."""
+    metrics_tls: bool = False
+    """Serve metrics over HTTPS with ``tls``'s certificate (and its client CA: mutual TLS)."""
 
 
 class GatewayServer:
@@ -104,8 +107,8 @@ class GatewayServer:
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {target}: {exc}") from None
         if self.options.metrics_port is not None:
-            host = self.options.metrics_host or self.options.host
-            self.metrics_port = self.metrics.start(host, self.options.metrics_port)
+            tls = self.options.tls if self.options.metrics_tls else None
+            self.metrics_port = self.metrics.start(self.options.metrics_host, self.options.metrics_port, tls)
         await self._publish(serving=False)
         await self._server.start()
         await self.gateway.monitor.poll()  # so the first grpc.health.v1 answer comes from a real check

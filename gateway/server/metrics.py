@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
@@ -35,6 +36,7 @@ from prometheus_client.registry import Collector
 from .. import pb
 from ..core.gateway import Gateway
 from ..core.telemetry import Histogram
+from .tls import TlsFiles
 
 PREFIX = "openengine_gateway"
 _HEALTH_STATES = [pb.HealthState.Name(state) for state in pb.HealthState.values() if state]
@@ -58,12 +60,21 @@ class MetricsExporter:
         """Count one finished RPC (the interceptor's callback)."""
         self._requests.labels(rpc, code).inc()
 
-    def start(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a port); returns the bound port.
+    def start(self, host: str, port: int, tls: TlsFiles | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a port), over HTTPS with ``tls`` (requiring a
+        client certificate when it has a client CA); returns the bound port.
 
         Raises ``OSError`` naming the metrics address when it cannot be bound."""
+        files: dict[str, Any] = {}
+        if tls is not None:
+            files = {
+                "certfile": str(tls.cert_file),
+                "keyfile": str(tls.key_file),
+                "client_cafile": str(tls.client_ca_file) if tls.client_ca_file is not None else None,
+                "client_auth_required": tls.mutual,
+            }
         try:
-            server, thread = start_http_server(port, host.strip("[]"), registry=self.registry)
+            server, thread = start_http_server(port, host.strip("[]"), registry=self.registry, **files)
         except OSError as exc:
             raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
         self._http = (server, thread)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -24,10 +25,12 @@ from openengine_gateway import pb
 from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
+from openengine_gateway.server.tls import TlsFiles
 from openengine_gateway.testing import RunningGateway, serve_backends
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes import FakeBackend
+from tests.ops.certs import Certificates
 from tests.ops.streams import ending
 from tests.ops.support import gateway, wait_until
 
@@ -294,20 +297,50 @@ async def test_engine_health_and_serving_follow_an_engine_failure() -> None:
     [(None, "127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.2", "127.0.0.1"), ("[::1]", "[::1]", "127.0.0.1")],
 )
 async def test_the_metrics_port_binds_only_the_host_it_was_told(host: str | None, bound: str, other: str) -> None:
-    """The gRPC host (loopback) by default, ``metrics_host`` when given; closed once the gateway stops.
+    """Loopback by default, ``metrics_host`` when given; closed once the gateway stops.
 
     A socket bound to one loopback address refuses connections on another, which a wildcard
     bind (``0.0.0.0``, ``::``) would accept.
     """
     if host == "[::1]" and not socket.has_ipv6:
         pytest.skip("no IPv6 on this machine")
-    async with gateway(server=ServerOptions(metrics_port=0, metrics_host=host)) as running:
+    server = ServerOptions(metrics_port=0) if host is None else ServerOptions(metrics_port=0, metrics_host=host)
+    async with gateway(server=server) as running:
         port = metrics_port(running)
         assert (await scrape(port, bound))(f"{P}_serving") == 1
         with pytest.raises(urllib.error.URLError):
             await scrape(port, other)
     with pytest.raises(urllib.error.URLError):
         await scrape(port, bound)
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+async def test_the_metrics_port_can_serve_the_gateways_tls(mutual: bool, certificates: Certificates) -> None:
+    """``metrics_tls``: HTTPS with the gateway's certificate; with its client CA, only its clients."""
+    ca = certificates.ca.cert_file if mutual else None
+    tls = TlsFiles(certificates.server.cert_file, certificates.server.key_file, ca)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=certificates.ca.cert,
+        private_key=certificates.client.key if mutual else None,
+        certificate_chain=certificates.client.cert if mutual else None,
+    )
+    server = ServerOptions(tls=tls, metrics_port=0, metrics_tls=True)
+    async with gateway(server=server, credentials=credentials) as running:
+        port = metrics_port(running)
+        trusting = ssl.create_default_context(cafile=str(certificates.ca.cert_file))
+        if mutual:
+            with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                await asyncio.to_thread(_get, f"https://127.0.0.1:{port}/metrics", trusting)
+            trusting.load_cert_chain(certificates.client.cert_file, certificates.client.key_file)
+        page = await asyncio.to_thread(_get, f"https://127.0.0.1:{port}/metrics", trusting)
+        assert f"{P}_serving" in page
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics", None)
+
+
+def _get(url: str, context: ssl.SSLContext | None) -> str:
+    with urllib.request.urlopen(url, timeout=5, context=context) as response:
+        return str(response.read().decode())
 
 
 async def test_no_metrics_port_unless_asked() -> None:

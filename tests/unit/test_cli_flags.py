@@ -167,6 +167,9 @@ def test_startup_objects_are_frozen_out_of_full_collections() -> None:
         (["--drain-timeout", "-1"], "drain_timeout_s"),
         (["--drain-timeout", "nan"], "drain_timeout_s"),
         (["--metrics-port", "70000"], "metrics_port"),
+        (["--max-in-flight-per-token", "0"], "max_in_flight_per_token"),
+        (["--max-id-chars", "0"], "max_id_chars"),
+        (["--max-stop-conditions", "-1"], "max_stop_conditions"),
     ],
 )
 def test_a_flag_takes_exactly_the_values_its_config_key_does(argv: list[str], key: str) -> None:
@@ -252,3 +255,24 @@ def test_a_signal_that_also_stops_the_starting_engine_stops_the_gateway_quietly(
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert "openengine-gateway: error" not in capsys.readouterr().err
+
+
+def test_every_bound_is_a_flag_and_a_key_with_the_gateways_default() -> None:
+    from openengine_gateway.contract.bounds import FieldBounds
+    from openengine_gateway.core.gateway import GatewayOptions
+
+    section = cli._gateway_section(args()[0], Config())
+    for name in FieldBounds.__dataclass_fields__:
+        default = getattr(FieldBounds(), name)
+        assert getattr(section, name) == getattr(GatewayOptions(), name) == default, name
+        flag = "--" + name.replace("_", "-")
+        assert getattr(cli._gateway_section(args(flag, "7")[0], Config()), name) == 7, flag
+
+
+def test_metrics_stay_on_loopback_whatever_the_grpc_host(caplog: pytest.LogCaptureFixture) -> None:
+    options = cli._server_options(cli._gateway_section(args("--host", "0.0.0.0", "--metrics-port", "0")[0], Config()))
+    assert (options.host, options.metrics_host, options.metrics_tls) == ("0.0.0.0", "127.0.0.1", False)
+    cli._server_options(cli._gateway_section(args("--metrics-host", "0.0.0.0", "--metrics-port", "0")[0], Config()))
+    assert "metrics on 0.0.0.0 in plaintext" in caplog.text
+    with pytest.raises(ConfigError, match="--metrics-tls serves the gateway's certificate"):
+        cli._server_options(cli._gateway_section(args("--metrics-tls")[0], Config()))
