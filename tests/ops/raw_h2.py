@@ -2,20 +2,52 @@
 
 grpc's client will not send a metadata value that is not valid ASCII; a hostile or buggy
 client can. ``raw_call`` sends exactly the headers it is given (``h2`` with outbound header
-validation off) and returns the response headers and trailers as one mapping.
+validation off) and returns the response headers and trailers as one mapping. ``never_reading``
+opens a call whose client grants the server no flow-control window at all: a client that
+never reads a byte of its response.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Sequence
 
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
+from google.protobuf.message import Message
 
 EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
 """A gRPC frame holding an empty (all-default) protobuf message."""
+
+
+def frame(message: Message) -> bytes:
+    """``message`` as one uncompressed gRPC length-prefixed frame."""
+    data = message.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(data)) + data
+
+
+_REQUIRED = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"127.0.0.1")]
+_GRPC = [(b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+def never_reading(port: int, path: str, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> socket.socket:
+    """Send one call on a connection whose window for responses is zero, and return its socket:
+    the server cannot send a byte of the response until the socket is closed."""
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+    connection = h2.connection.H2Connection(config)
+    connection.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    )
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    connection.initiate_connection()
+    stream = connection.get_next_available_stream_id()
+    connection.send_headers(stream, [*_REQUIRED, (b":path", path.encode()), *_GRPC, *headers])
+    connection.send_data(stream, body, end_stream=True)
+    sock.sendall(connection.data_to_send())
+    return sock
 
 
 def raw_call(
@@ -28,15 +60,7 @@ def raw_call(
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         connection.initiate_connection()
         stream = connection.get_next_available_stream_id()
-        required = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path.encode()),
-            (b":authority", b"127.0.0.1"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-        ]
-        connection.send_headers(stream, [*required, *headers])
+        connection.send_headers(stream, [*_REQUIRED, (b":path", path.encode()), *_GRPC, *headers])
         connection.send_data(stream, body, end_stream=True)
         sock.sendall(connection.data_to_send())
         ended = False
@@ -52,4 +76,4 @@ def raw_call(
     return received
 
 
-__all__ = ["EMPTY_MESSAGE", "raw_call"]
+__all__ = ["EMPTY_MESSAGE", "frame", "never_reading", "raw_call"]

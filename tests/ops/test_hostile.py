@@ -4,6 +4,8 @@ Each test is a client doing what a buggy or malicious one would, over real gRPC 
 HTTP/2 where grpc's own client refuses to send it): malformed metadata, oversized fields,
 another token's requests, a client that reads slowly or never. The gateway must answer each
 with a clear status, keep every secret out of its log, and keep serving everyone else.
+
+It runs with the rest of ``tests/`` in CI (``make test``); the README quotes its test count.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
 from prometheus_client import generate_latest
 
-from tests.ops.raw_h2 import raw_call
-from tests.ops.support import CALLS, OPEN, gateway, outcome
+from tests.ops.raw_h2 import frame, never_reading, raw_call
+from tests.ops.support import CALLS, OPEN, engine_idle, gateway, outcome, wait_until
 from tests.process import gateway_process
 
 TOKEN = "hostile-5ecret-d1stinct-41c9"
@@ -320,3 +322,87 @@ async def test_one_token_cannot_take_every_slot() -> None:
         assert all(token not in page for token in (ALICE, BOB, OPERATOR, ROUTER))
         for stream in streams:
             stream.cancel()
+
+
+async def test_a_never_reading_client_holds_one_slot_and_nothing_else() -> None:
+    """Its engine work completes, everyone else is served, and its slot is free once it goes away."""
+    async with gateway(decode_time_per_step_s=0.001) as running:
+        request = _generate(request_id="never-reads", stopping=pb.StoppingOptions(max_tokens=400))
+        sock = await asyncio.to_thread(
+            never_reading, running.server.port, f"/{pb.SERVICE_NAME}/Generate", frame(request)
+        )
+        try:
+            await wait_until(lambda: running.gateway.registry.get("never-reads") is not None, what="admission")
+            backend = running.gateway.engines.resolve("mock").backend
+            await wait_until(lambda: engine_idle(backend), what="the engine finishing its work")  # type: ignore[arg-type]
+            served = [r async for r in running.stub.Generate(_generate(stopping=pb.StoppingOptions(max_tokens=20)))]
+            assert served[-1].HasField("finished")
+            assert len(running.gateway.registry) == 1
+        finally:
+            sock.close()
+        await wait_until(lambda: len(running.gateway.registry) == 0, within_s=10, what="its slot freed")
+
+
+async def test_a_slow_reader_gets_every_token_coalesced() -> None:
+    """A client that reads one message every 20 ms from a fast engine receives the same text as
+    one that keeps up, in fewer messages than tokens; the engine is never held back."""
+    tokens = 200
+    async with gateway(decode_time_per_step_s=0.0005) as running:
+
+        def request() -> pb.GenerateRequest:
+            return _generate(
+                sampling=pb.SamplingParams(temperature=0, seed=7),
+                stopping=pb.StoppingOptions(max_tokens=tokens, ignore_eos=True),
+            )
+
+        quick = [r async for r in running.stub.Generate(request())]
+        slow: list[pb.GenerateResponse] = []
+        # Without BDP probing and with little lookahead, the client's window stays small: reading
+        # slowly is what holds the server's writes back, not a large client-side buffer.
+        window = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+        async with grpc.aio.insecure_channel(running.address, options=window) as narrow:
+            async for response in pb.OpenEngineStub(narrow).Generate(request()):
+                slow.append(response)
+                await asyncio.sleep(0.02)
+        assert len(running.gateway.registry) == 0
+
+    def text(responses: list[pb.GenerateResponse]) -> str:
+        return "".join(r.token.text for r in responses if r.HasField("token"))
+
+    assert text(slow) == text(quick) and slow[-1].HasField("finished")
+    assert sum(len(r.token.tokens) for r in slow if r.HasField("token")) == tokens
+    assert len(slow) < tokens / 2
+
+
+MALFORMED: list[tuple[str, list[tuple[bytes, bytes]]]] = [
+    ("bearer without a token", [(b"authorization", b"Bearer")]),
+    ("another scheme", [(b"authorization", b"Basic " + TOKEN.encode())]),
+    ("a wrong token first", [(b"authorization", b"Bearer wrong"), (b"authorization", b"Bearer " + TOKEN.encode())]),
+    ("a 12 KiB authorization", [(b"authorization", b"Bearer " + TOKEN.encode() + b"x" * 12_000)]),
+    ("a NUL in the token", [(b"authorization", b"Bearer " + TOKEN.encode() + b"\x00")]),
+    # grpc's C core refuses these two itself, as INTERNAL, before the gateway sees the call
+    ("a bad -bin value", [(b"x-trace-bin", b"not base64 " + TOKEN.encode() + b"\xff!")]),
+    ("a garbage deadline", [(b"grpc-timeout", b"soon " + TOKEN.encode())]),
+    ("200 headers", [(f"x-h{n}".encode(), TOKEN.encode()) for n in range(200)]),
+]
+
+
+@pytest.mark.parametrize("headers", [case[1] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+async def test_malformed_metadata_is_refused_cleanly_and_never_logged(
+    headers: list[tuple[bytes, bytes]], caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No crash, no INTERNAL of the gateway's, no token in a log line (Python's or what grpc's C
+    core writes to file descriptor 2); the gateway serves the next call."""
+    caplog.set_level(logging.DEBUG)
+    for client_side in ("hpack", "h2"):
+        caplog.set_level(logging.INFO, logger=client_side)
+    async with gateway(server=ServerOptions(auth=TokenAuth([TOKEN]))) as running:
+        answer = await asyncio.to_thread(raw_call, running.server.port, _PATH, headers)
+        load = await running.stub.GetLoad(pb.GetLoadRequest(), metadata=_as(TOKEN), timeout=5)
+    assert load is not None
+    status = answer.get(b"grpc-status")
+    assert status != b"0", answer  # never admitted with a bad token
+    if status == b"13":  # never the gateway's own INTERNAL: only grpc's refusal of a header it cannot parse
+        assert answer[b"grpc-message"].startswith(b"Error parsing '"), answer
+    assert "d1stinct" not in caplog.text
+    assert "d1stinct" not in capfd.readouterr().err
