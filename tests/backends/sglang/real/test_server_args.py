@@ -46,6 +46,19 @@ def test_dp_attention_resolves_to_attention_ranks_and_one_replica(tiny_model: Pa
     assert (limits.dp_size, limits.dp_ranks) == (1, 2)
 
 
+def test_attention_dp_by_its_own_flag(tiny_model: Path) -> None:
+    _, server = resolved(tiny_model, attn_dp_size="2", tp_size="2")
+    assert (server["dp_size"], server["attn_dp_size"]) == (1, 2)
+    assert capabilities.dp_ranks(server) == 2
+
+
+def test_replicas_of_attention_dp_groups_are_refused_by_sglang(tiny_model: Path) -> None:
+    """So the ranks are replicas or attention-DP groups, never both, and ``dp_ranks`` is one
+    KV publisher per rank (``select_kv_publisher_dp_rank``)."""
+    with pytest.raises(ValueError, match="not supported"):
+        resolved(tiny_model, dp_size="2", attn_dp_size="2", tp_size="4")
+
+
 def test_plain_data_parallelism_is_replicas(tiny_model: Path) -> None:
     _, server = resolved(tiny_model, dp_size="2")
     assert (server["dp_size"], server["attn_dp_size"]) == (2, 1)
