@@ -286,3 +286,37 @@ def test_a_publisher_that_connects_out_is_not_subscribed_to(tiny_model: Path, en
     """SGLang connects (rather than binds) a concrete-host endpoint: there is nothing to subscribe to."""
     config = json.dumps({"publisher": "zmq", "endpoint": endpoint})
     assert capabilities.kv_event_publishers(_server(tiny_model, kv_events_config=config)) == {}
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://*:5557", "tcp://127.0.0.1:5557", "tcp://[::1]:5557", "inproc://kv", "tcp://0.0.0.0:6000"]
+)
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_each_ranks_endpoint_is_the_one_sglang_derives(endpoint: str, rank: int) -> None:
+    from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
+
+    assert capabilities.rank_endpoint(endpoint, rank) == ZmqEventPublisher.offset_endpoint_port(endpoint, rank)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bind"),
+    [("tcp://*:{port}", None), ("tcp://0.0.0.0:{port}", None), ("tcp://127.0.0.1:{port}", None),
+     ("tcp://127.0.0.1:{port}", True), ("ipc://{dir}/kv", None)],
+)  # fmt: skip
+def test_the_driver_subscribes_exactly_where_sglangs_publisher_binds(
+    tmp_path: Path, endpoint: str, bind: bool | None
+) -> None:
+    """``ZmqEventPublisher._socket_setup`` binds or connects; only a bound socket can be subscribed to."""
+    from sglang.srt.disaggregation.kv_events import EventPublisherFactory
+
+    config: dict[str, Any] = {"publisher": "zmq", "endpoint": endpoint.format(port=_free_port_pair(), dir=tmp_path)}
+    if bind is not None:
+        config["bind"] = bind
+    publisher = EventPublisherFactory.create(json.dumps(config))
+    try:
+        binds = publisher._local_pub_endpoint is not None
+    finally:
+        publisher.shutdown()
+        atexit.unregister(publisher.shutdown)
+    assert capabilities.publisher_binds(config, config["endpoint"]) == binds
+    assert bool(capabilities.kv_event_publishers({"kv_events_config": json.dumps(config)})) == binds
