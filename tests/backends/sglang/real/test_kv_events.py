@@ -154,11 +154,13 @@ def test_eagle_bigram_pages_decode_to_their_tokens() -> None:
     assert list(decoded.events[0].block_stored.token_ids) == list(range(20, 28))
 
 
-def test_a_salted_prefix_publishes_other_hashes_than_the_same_tokens_unsalted() -> None:
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_salted_prefix_publishes_other_hashes_than_the_same_tokens_unsalted(dynamo: bool) -> None:
     """In 0.5.23's default format a salted node's event hashes are seeded by its salt
-    (``mem_cache/utils.py compute_node_event_hash_values``), so a salted and an unsalted copy of
-    one prefix do not collide in a subscriber's index."""
-    cache = radix_cache()
+    (``mem_cache/utils.py compute_node_event_hash_values``), and the dynamo format namespaces them
+    by it too (``kv_event_namespace_seed``): a salted and an unsalted copy of one prefix, or two
+    salts, never collide in a subscriber's index."""
+    cache = radix_cache(dynamo=dynamo)
     insert(cache, range(8))
     insert(cache, range(8), salt="tenant-a")
     insert(cache, range(8), salt="tenant-b")
