@@ -322,3 +322,39 @@ def test_the_driver_subscribes_exactly_where_sglangs_publisher_binds(
         atexit.unregister(publisher.shutdown)
     assert capabilities.publisher_binds(config, config["endpoint"]) == binds
     assert bool(capabilities.kv_event_publishers({"kv_events_config": json.dumps(config)})) == binds
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"page_size": "16"},
+        {"dp_size": "2", "enable_dp_attention": "true", "tp_size": "2"},
+        {"dp_size": "2"},
+        {"dcp_size": 2, "page_size": 16, "tp_size": 2},
+    ],
+)
+def test_the_sources_the_driver_advertises_are_the_ones_sglang_describes(
+    tiny_model: Path, options: dict[str, Any]
+) -> None:
+    """SGLang's own ``/server_info`` KV-event descriptor (``runtime_context.describe_kv_events_publisher``):
+    port base, topic, replay port base, block size and one rank per DP rank."""
+    from sglang.srt.runtime_context import describe_kv_events_publisher
+    from sglang.srt.server_args import ServerArgs
+
+    config = {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", "topic": "kv"}
+    args = ServerArgs(
+        **server_kwargs(str(tiny_model), {"device": "cpu", "kv_events_config": json.dumps(config), **options})
+    )
+    args.resolve_once()
+    server = dict(args.resolved_dict())
+    described = describe_kv_events_publisher(args)
+    assert described is not None
+    sources = capabilities.kv_event_sources(server)
+    assert len(sources) == described["dp_size"]
+    for rank, source in enumerate(sources):
+        assert source.data_parallel_rank == rank
+        assert source.endpoint_addr.port == described["endpoint_port_base"] + rank
+        assert source.topic == described["topic"]
+        assert source.replay_endpoint == f"tcp://*:{described['replay_endpoint_port_base'] + rank}"
+    state = capabilities.EngineState(server=server, context_len=256, max_req_input_len=250, vocab_size=512)
+    assert capabilities.model_info(state).kv_block_size == described["block_size"]
