@@ -286,3 +286,25 @@ async def test_a_prefill_request_carries_the_room_it_hands_to_decode(
     (fields,) = submitted(generation, "r")
     tokenized = await admit(tokenizer_manager, {**fields, **mapping.prefill_kwargs(session)})
     assert (tokenized.bootstrap_host, tokenized.bootstrap_port, tokenized.bootstrap_room) == ("h", 8998, (1 << 53) - 1)
+
+
+def test_a_multimodal_prompt_is_one_sglang_request_with_its_media(limits: mapping.EngineLimits) -> None:
+    """(The tiny Llama takes no media: SGLang's normalisation of the request is what is checked.)"""
+    from openengine_gateway.spi import Media
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    media = (
+        Media(pb.MODALITY_IMAGE, url="https://x/cat.png"),
+        Media(pb.MODALITY_IMAGE, raw_bytes=b"\x89PNG", mime_type="image/png"),
+        Media(pb.MODALITY_VIDEO, url="https://x/clip.mp4"),
+        Media(pb.MODALITY_AUDIO, data_uri="data:audio/wav;base64,UklGRg=="),
+    )
+    req = GenerationRequest(request_id="r", model="tiny", prompt="what is this", media=media)
+    generation = mapping.plan_generation(req, limits, input_ids=None)
+    (fields,) = submitted(generation, "r")
+    request = GenerateReqInput(**fields)
+    request.normalize_batch_and_arguments()
+    assert (request.is_single, request.text) == (True, "what is this")
+    assert request.image_data == ["https://x/cat.png", "data:image/png;base64,iVBORw=="]
+    assert (request.video_data, request.audio_data) == (["https://x/clip.mp4"], ["data:audio/wav;base64,UklGRg=="])
+    assert request.sampling_params["max_new_tokens"] is None, "SGLang's scheduler bounds it by the context"
