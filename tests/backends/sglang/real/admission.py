@@ -99,3 +99,24 @@ def runner(manager: Any, server: dict[str, Any]) -> tasks.TaskRunner:
     state = capabilities.engine_state(manager, server)
     engine = SimpleNamespace(tokenizer_manager=manager)
     return tasks.TaskRunner(engine, state, capabilities.engine_limits(state), EmbeddingReqInput, GenerateReqInput)
+
+
+async def answered(manager: Any, call: Any, answer: Any, count: int) -> Any:
+    """``call``'s result when SGLang answers each of its ``count`` requests with ``answer(tokenized)``,
+    the message its scheduler (or detokenizer) would send back, handled by the real manager."""
+    sent: list[Any] = []
+    arrived = asyncio.Event()
+
+    async def send(tokenized: Any) -> None:
+        sent.append(tokenized)
+        if len(sent) == count:
+            arrived.set()
+
+    if manager.event_loop is None:
+        manager.event_loop = asyncio.get_running_loop()
+    manager._send_one_request = send
+    task = asyncio.ensure_future(call)
+    await asyncio.wait_for(arrived.wait(), timeout=10)
+    for tokenized in sent:
+        await manager._handle_batch_output(answer(tokenized))
+    return await asyncio.wait_for(task, timeout=10)

@@ -15,7 +15,7 @@ from openengine_backends.sglang.server_args import server_kwargs
 from openengine_gateway import pb
 from openengine_gateway.spi import EmbedCall, Media, TaskContext, TaskItem
 
-from .admission import runner, sent_by
+from .admission import answered, runner, sent_by
 from .conftest import CONTEXT_LENGTH, RESERVED_OUTPUT
 
 CONTEXT = TaskContext(request_id="t", model="tiny")
@@ -99,3 +99,48 @@ def test_an_image_item_is_one_request() -> None:
         request = EmbeddingReqInput(rid="m", **tasks.item_kwargs(item))
         request.normalize_batch_and_arguments()
         assert (request.is_single, request.batch_size) == (True, 1)
+
+
+def embedding_answer(values: dict[str, list[float]]) -> Any:
+    """The scheduler's ``BatchEmbeddingOutput`` for one pooled request."""
+    from sglang.srt.managers.io_struct import BatchEmbeddingOutput
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    def answer(tokenized: Any) -> Any:
+        return BatchEmbeddingOutput(
+            rids=[tokenized.rid],
+            finished_reasons=[FINISH_LENGTH(0).to_json()],
+            embeddings=[values[tokenized.rid]],
+            prompt_tokens=[len(tokenized.input_ids)],
+            cached_tokens=[0],
+            placeholder_tokens_idx=None,
+            placeholder_tokens_val=None,
+            retraction_counts=[0],
+        )
+
+    return answer
+
+
+async def test_embeddings_and_usage_from_sglangs_results(embedding_manager: Any) -> None:
+    items = (TaskItem("a", text="the quick brown fox"), TaskItem("b", token_ids=(5, 6, 7)))
+    values = {"rid-a": [0.25, -0.5, 1.0], "rid-b": [1.5, 0.0, -2.0]}
+    work = runner(embedding_manager, embedding_manager.resolved).embed(
+        EmbedCall(context=CONTEXT, items=items), list(values)
+    )
+    outputs, usage = await answered(embedding_manager, work, embedding_answer(values), 2)
+    assert [list(output.dense.values) for output in outputs] == [values["rid-a"], values["rid-b"]]
+    assert [list(output.dense.shape) for output in outputs] == [[3], [3]]
+    text_tokens = len(embedding_manager.tokenizer("the quick brown fox")["input_ids"])
+    assert usage.input_tokens == text_tokens + 3
+
+
+async def test_classification_probabilities_from_sglangs_logits(embedding_manager: Any) -> None:
+    from openengine_gateway.spi import ClassifyCall
+
+    call = ClassifyCall(
+        context=CONTEXT, items=(TaskItem("a", text="fox"),), semantics=pb.TASK_VALUE_SEMANTICS_PROBABILITIES
+    )
+    work = runner(embedding_manager, embedding_manager.resolved).classify(call, ["rid-c"])
+    outputs, _ = await answered(embedding_manager, work, embedding_answer({"rid-c": [0.0, 0.0]}), 1)
+    assert list(outputs[0].scores.values) == pytest.approx([0.5, 0.5])
+    assert outputs[0].semantics == pb.TASK_VALUE_SEMANTICS_PROBABILITIES
