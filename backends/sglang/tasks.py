@@ -273,6 +273,7 @@ class TaskRunner:
         """``async_score`` per group: each label token's probability after query + candidate."""
         if call.semantics not in (None, PROBABILITIES):
             raise InvalidArgument("label-token scores are probabilities")
+        check_label_tokens(call.label_token_ids, self._engine.tokenizer_manager.tokenizer)
         softmaxed = call.normalization == SOFTMAX
         response = pb.ScoreResponse(
             granularity=SEQUENCE, semantics=PROBABILITIES, normalization=SOFTMAX if softmaxed else NONE
@@ -292,6 +293,18 @@ class TaskRunner:
                 scored.candidates.add(scores=dense(vector(row)))
             prompt_tokens += result.prompt_tokens
         return response, pb.TaskUsage(input_tokens=prompt_tokens)
+
+
+def check_label_tokens(label_token_ids: Sequence[int], tokenizer: Any) -> None:
+    """Refuse what SGLang's label-token scoring refuses after acceptance: an id from the tokenizer's
+    ``vocab_size`` on (``TokenizerManagerScoreMixin.score_request``; added tokens past it included)."""
+    vocab = getattr(tokenizer, "vocab_size", None)
+    outside = [token_id for token_id in label_token_ids if vocab is not None and token_id >= vocab]
+    if outside:
+        raise InvalidArgument(
+            f"label_token_ids {outside} are outside the tokenizer's vocabulary ({vocab} tokens), "
+            "which SGLang's label-token scoring takes"
+        )
 
 
 def _text(item: TaskItem) -> str:
@@ -321,6 +334,7 @@ def usage(results: Sequence[Any]) -> pb.TaskUsage:
 
 __all__ = [
     "TaskRunner",
+    "check_label_tokens",
     "classify_semantics",
     "dense",
     "item_kwargs",

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openengine_backends.sglang import capabilities, tasks
 from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import ScoreCall, ScoreGroupCall, TaskContext, TaskItem
 
 from .admission import answered, runner, sent_by
@@ -61,3 +63,28 @@ async def test_a_causal_score_is_the_candidates_summed_prompt_logprobs(
     assert response.semantics == pb.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES
     query = tokenizer_manager.tokenizer("the quick")["input_ids"]
     assert usage.input_tokens == len(query) + len(candidate)
+
+
+async def test_label_ids_outside_the_tokenizers_vocabulary_are_refused_before_sglang(
+    tokenizer_manager: Any, internal_state: dict[str, Any]
+) -> None:
+    """SGLang's ``score_request`` (``managers/tokenizer_manager_score_mixin.py``) refuses a label id
+    from the tokenizer's ``vocab_size`` on, after acceptance; the driver refuses it before."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints.engine_score_mixin import EngineScoreMixin
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+
+    engine = SimpleNamespace(tokenizer_manager=tokenizer_manager)
+    engine.async_score = partial(EngineScoreMixin.async_score, engine)
+    outside = tokenizer_manager.tokenizer.vocab_size
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        await engine.async_score(query="the", items=["fox"], label_token_ids=[3, outside], apply_softmax=False)
+    state = capabilities.engine_state(tokenizer_manager, internal_state)
+    limits = capabilities.engine_limits(state)
+    driver = tasks.TaskRunner(engine, state, limits, EmbeddingReqInput, GenerateReqInput)
+    group = ScoreGroupCall("g", query=TaskItem("q", text="the"), candidates=(TaskItem("c", text="fox"),))
+    call = ScoreCall(context=TaskContext(request_id="t", model="tiny"), groups=(group,), label_token_ids=(3, outside))
+    with pytest.raises(InvalidArgument, match=f"label_token_ids \\[{outside}\\] are outside"):
+        await driver.score(call, ["s2"])
