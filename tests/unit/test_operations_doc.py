@@ -1,0 +1,40 @@
+"""docs/operations.md says what the code does: what each scope reaches, and every bound with its default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from openengine_gateway.contract.bounds import FieldBounds
+from openengine_gateway.server.auth import RPC_ACCESS, SCOPE_ACCESS, Access, Scope
+
+DOC = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+
+
+def _rows(first_cells: set[str]) -> dict[str, list[str]]:
+    rows = {}
+    for line in DOC.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] in first_cells:
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_the_threat_model_lists_each_rpc_under_the_access_it_needs_and_each_scope_as_it_reaches() -> None:
+    rows = _rows({access.value for access in Access})
+    assert set(rows) == {access.value for access in Access}
+    for access in Access:
+        listed = {re.sub(r" of .*", "", name).strip() for name in rows[access.value][1].split(",")} - {"reflection"}
+        expected = {rpc for rpc, needed in RPC_ACCESS.items() if needed is access}
+        if access is Access.CONTROL:
+            expected.add("Abort")  # of all requests
+        assert listed == expected, access
+        for column, scope in enumerate((Scope.INFERENCE, Scope.OBSERVER, Scope.CONTROL), start=2):
+            assert rows[access.value][column].startswith("yes") == (access in SCOPE_ACCESS[scope]), (access, scope)
+
+
+def test_every_bound_is_documented_with_its_default() -> None:
+    rows = _rows({f"`--{name.replace('_', '-')}`" for name in FieldBounds.__dataclass_fields__})
+    for name in FieldBounds.__dataclass_fields__:
+        row = rows[f"`--{name.replace('_', '-')}`"]
+        assert int(row[1]) == getattr(FieldBounds(), name), name
