@@ -18,18 +18,13 @@ class Caller:
     """The identity of one call, as far as the transport knows it."""
 
     name: str | None = None
-    """The token's name; None without a token."""
+    """The token's name, which owns the requests this caller starts; None without a token (nobody's)."""
     sees_all: bool = True
     """Reaches every client's requests (control scope, or no tokens configured)."""
     peer: str = ""
     """The client's address, as grpc reports it (``ipv4:127.0.0.1:5123``)."""
     subject: str | None = None
     """The client certificate's subject under mutual TLS."""
-
-    @property
-    def owner(self) -> str | None:
-        """What a request this caller starts is owned by: its token's name (None: nobody's)."""
-        return self.name
 
     def reaches(self, owner: str | None) -> bool:
         """Whether this caller may see or abort a request owned by ``owner``."""

@@ -96,7 +96,7 @@ class GenerationService:
             "generate",
             engine.served_name,
             kv_session_id=parsed.kv_session.session_id if parsed.kv_session else None,
-            owner=current_caller().owner,
+            owner=current_caller().name,
         )
         self._registry.admit(active)
         pump: asyncio.Task[None] | None = None

@@ -240,7 +240,7 @@ class LifecycleService:
                     "released, or freed by its engine alone)",
                 )
             raise NotFound(f"no KV session {clip(session_id)} is open")
-        registry.remember_session(session_id, caller.owner)
+        registry.remember_session(session_id, caller.name)
         return pb.AbortResponse(
             status=pb.ABORT_STATUS_ABORTED,
             message=f"KV session {clip(session_id)} aborted ({len(attached)} attached requests)",

@@ -104,7 +104,7 @@ class TaskService:
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
-            active = ActiveRequest(context.request_id, "task", engine.served_name, owner=current_caller().owner)
+            active = ActiveRequest(context.request_id, "task", engine.served_name, owner=current_caller().name)
             self._registry.admit(active)
         except BaseException:
             _close(work)
