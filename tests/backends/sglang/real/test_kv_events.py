@@ -358,3 +358,17 @@ def test_the_sources_the_driver_advertises_are_the_ones_sglang_describes(
         assert source.replay_endpoint == f"tcp://*:{described['replay_endpoint_port_base'] + rank}"
     state = capabilities.EngineState(server=server, context_len=256, max_req_input_len=250, vocab_size=512)
     assert capabilities.model_info(state).kv_block_size == described["block_size"]
+
+
+def test_a_salted_blocks_salt_reaches_subscribers_as_its_extra_key() -> None:
+    """SGLang's ``BlockStored.cache_salt`` (set from the radix key's salt), one extra key per block."""
+    cache = radix_cache()
+    insert(cache, range(8), salt="tenant-a")
+    insert(cache, range(100, 108))
+    salted, plain = (decode_batch(encoded([e]), 0).events[0].block_stored for e in cache.take_events())
+    assert (
+        [list(keys.values) for keys in salted.extra_keys]
+        == [["tenant-a"]] * len(salted.block_hashes)
+        == [["tenant-a"]] * 2
+    )
+    assert not plain.extra_keys
