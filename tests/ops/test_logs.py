@@ -158,6 +158,15 @@ async def test_no_token_reaches_a_log_line_or_a_status(caplog: pytest.LogCapture
         assert "d1stinct1ve" not in where
 
 
+def test_any_line_with_a_bearer_credential_is_blanked_whoever_logs_it() -> None:
+    """Code the gateway does not own may log what it was sent; the handler blanks the credential."""
+    with configured("text") as buffer:
+        logging.getLogger("some.library").warning("sent headers %s", {"authorization": f"Bearer {TOKEN}"})
+        logging.getLogger("some.library").info("retrying with bearer %s", TOKEN)
+    text = buffer.getvalue()
+    assert "d1stinct1ve" not in text and text.count("Bearer <redacted>") + text.count("bearer <redacted>") == 2
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
