@@ -1,10 +1,12 @@
 """SGLang's real streamed output dictionaries → the driver's events (``outputs.RequestStream``).
 
 The request goes through SGLang's ``TokenizerManager.generate_request`` as ``engine.py`` submits it;
-the detokenizer's side is played here: ``BatchStrOutput`` messages (new token ids, their text as the
-tiny Llama's tokenizer decodes it, logprob values and indices, SGLang's own finish-reason
-objects) handed to the manager's real ``_handle_batch_output``, which builds the dictionaries
-(``meta_info``, logprob tuples with their texts, cumulative ids, deferred text) that the driver reads.
+the scheduler's side is played here: ``BatchTokenIDOutput`` messages (new token ids as the
+scheduler keeps them, a matched stop token included, logprob values and indices, SGLang's own
+finish-reason objects) go through SGLang's real ``DetokenizerManager`` (incremental detokenization,
+stop trimming) and its ``BatchStrOutput`` through the manager's real ``_handle_batch_output``, which
+builds the dictionaries (``meta_info``, logprob tuples with their texts, cumulative ids, deferred
+text) that the driver reads.
 """
 
 from __future__ import annotations
@@ -38,33 +40,44 @@ PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture(scope="module")
+def detokenizer(server_args: Any) -> Any:
+    """SGLang's detokenizer, in this process, on sockets of its own."""
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+    from sglang.srt.server_args import PortArgs
+
+    return DetokenizerManager(server_args, PortArgs.init_new(server_args))
+
+
+@pytest.fixture(scope="module")
 def limits(tokenizer_manager: Any, internal_state: dict[str, Any]) -> mapping.EngineLimits:
     return capabilities.engine_limits(capabilities.engine_state(tokenizer_manager, internal_state))
 
 
 class Step:
-    """One detokenizer message for one request: its new tokens and what came with them."""
+    """One scheduler message for one request: its new tokens and what came with them."""
 
     def __init__(
         self,
         ids: Sequence[int],
         *,
-        text: str | None = None,
         finish: Any = None,
         logprobs: Sequence[float] | None = None,
         tops: Sequence[Sequence[tuple[float, int]]] | None = None,
         prompt_logprobs: Sequence[float | None] | None = None,
         cached: int = 0,
     ) -> None:
-        self.ids, self.text, self.finish, self.cached = list(ids), text, finish, cached
+        self.ids, self.finish, self.cached = list(ids), finish, cached
         self.logprobs, self.tops, self.prompt_logprobs = logprobs, tops, prompt_logprobs
 
 
 class Session:
     """One SGLang request, submitted through the real tokenizer manager, fed by ``Step``s."""
 
-    def __init__(self, manager: Any, request: GenerationRequest, limits: mapping.EngineLimits) -> None:
-        self.manager = manager
+    def __init__(
+        self, manager: Any, request: GenerationRequest, limits: mapping.EngineLimits, detokenizer: Any
+    ) -> None:
+        self.manager, self.detokenizer = manager, detokenizer
+        self.tokenized: Any = None
         generation, self.prompt = plan(manager, request, limits)
         (self.fields,) = submitted(generation, request.request_id)
         self.completion = 0
@@ -81,6 +94,7 @@ class Session:
         sent = asyncio.Event()
 
         async def send(tokenized: Any) -> None:
+            self.tokenized = tokenized
             sent.set()
 
         if self.manager.event_loop is None:
@@ -92,24 +106,31 @@ class Session:
         return outputs
 
     def message(self, step: Step) -> Any:
-        """The ``BatchStrOutput`` SGLang's detokenizer would send for ``step``."""
-        from sglang.srt.managers.io_struct import BatchStrOutput
+        """The ``BatchStrOutput`` SGLang's detokenizer makes of the scheduler's message for ``step``."""
+        from sglang.srt.managers.io_struct import BatchTokenIDOutput
 
+        first = self.completion == 0
         self.completion += len(step.ids)
-        text = step.text if step.text is not None else self.manager.tokenizer.decode(step.ids)
+        tail = list(self.prompt or ())[-5:]  # the scheduler's surrounding ids (INIT_INCREMENTAL_DETOKENIZATION_OFFSET)
         count = len(step.ids)
         logprobs = list(step.logprobs) if step.logprobs is not None else [-0.5] * count
         tops = [[v for v, _ in row] for row in step.tops] if step.tops else [[] for _ in range(count)]
         top_ids = [[i for _, i in row] for row in step.tops] if step.tops else [[] for _ in range(count)]
         prompt = step.prompt_logprobs
-        return BatchStrOutput(
+        params = self.tokenized.sampling_params
+        message = BatchTokenIDOutput(
             rids=[self.fields["rid"]],
             finished_reasons=[None if step.finish is None else step.finish.to_json()],
-            output_strs=[text],
+            decoded_texts=[""],
+            decode_ids=[tail + step.ids if first else step.ids],
+            read_offsets=[len(tail)],
             output_ids=[array("q", step.ids)],
+            skip_special_tokens=[params.skip_special_tokens],
+            spaces_between_special_tokens=[params.spaces_between_special_tokens],
+            no_stop_trim=[params.no_stop_trim],
             prompt_tokens=[len(self.prompt or ())],
-            completion_tokens=[self.completion],
             reasoning_tokens=[0],
+            completion_tokens=[self.completion],
             cached_tokens=[step.cached],
             input_token_logprobs_val=[list(prompt)] if prompt is not None else [],
             input_token_logprobs_idx=[list(self.prompt or ())] if prompt is not None else [],
@@ -132,6 +153,7 @@ class Session:
             placeholder_tokens_val=None,
             retraction_counts=[0],
         )
+        return self.detokenizer.handle_batch_token_id_out(message)
 
     async def run(self, *batches: Sequence[Step]) -> list[GenerationEvent]:
         """Feed each batch of steps (several steps queue up before the driver reads, as under load)."""
@@ -166,13 +188,13 @@ def finish_of(events: Sequence[GenerationEvent]) -> OutputFinished:
 
 
 async def test_text_and_tokens_stream_as_deltas_and_end_at_the_length(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
     ids = tokens(" the quick brown fox jumps", tokenizer_manager)
     request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, stopping=Stopping(max_tokens=len(ids)))
-    session = Session(tokenizer_manager, request, limits)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     middle = len(ids) // 2
     events = await session.run([Step(ids[:middle])], [Step(ids[middle:], finish=FINISH_LENGTH(len(ids)))])
     streamed = deltas(events)
@@ -184,7 +206,7 @@ async def test_text_and_tokens_stream_as_deltas_and_end_at_the_length(
 
 
 async def test_queued_outputs_are_read_once_and_nothing_is_lost(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     """SGLang hands the consumer only the last of the outputs queued since it last read
     (``_stream_one_response``); its ids and text are cumulative, so nothing is lost."""
@@ -192,7 +214,7 @@ async def test_queued_outputs_are_read_once_and_nothing_is_lost(
 
     ids = tokens(" seven wizards quietly hex bold jumping zebras", tokenizer_manager)
     request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT)
-    session = Session(tokenizer_manager, request, limits)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     steps = [Step([token]) for token in ids[:-1]] + [Step(ids[-1:], finish=FINISH_LENGTH(len(ids)))]
     events = await session.run(steps[:3], steps[3:])
     streamed = deltas(events)
@@ -202,31 +224,29 @@ async def test_queued_outputs_are_read_once_and_nothing_is_lost(
 
 
 async def test_a_stop_string_ends_the_output_with_its_match(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_MATCHED_STR
 
     ids = tokens(" the lazy dog", tokenizer_manager)
     request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, stopping=Stopping(stop_texts=("dog",)))
-    session = Session(tokenizer_manager, request, limits)
-    trimmed = tokenizer_manager.tokenizer.decode(ids).removesuffix("dog")  # the detokenizer trims the match
-    events = await session.run([Step(ids, text=trimmed, finish=FINISH_MATCHED_STR("dog"))])
+    session = Session(tokenizer_manager, request, limits, detokenizer)
+    trimmed = tokenizer_manager.tokenizer.decode(ids).removesuffix("dog")
+    events = await session.run([Step(ids, finish=FINISH_MATCHED_STR("dog"))])
     finish = finish_of(events)
     assert finish.reason == pb.FINISH_REASON_STOP and finish.stop is not None and finish.stop.stop_text == "dog"
     assert "".join(delta.text for delta in deltas(events)) == trimmed
 
 
 async def test_eos_ends_the_output_as_a_token_without_text(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_MATCHED_TOKEN
 
     eos = tokenizer_manager.tokenizer.eos_token_id
     ids = [*tokens(" the fox", tokenizer_manager), eos]
-    session = Session(tokenizer_manager, GenerationRequest("r", "tiny", prompt_token_ids=PROMPT), limits)
-    events = await session.run(
-        [Step(ids, text=tokenizer_manager.tokenizer.decode(ids[:-1]), finish=FINISH_MATCHED_TOKEN(eos))]
-    )
+    session = Session(tokenizer_manager, GenerationRequest("r", "tiny", prompt_token_ids=PROMPT), limits, detokenizer)
+    events = await session.run([Step(ids, finish=FINISH_MATCHED_TOKEN(eos))])
     finish = finish_of(events)
     assert finish.reason == pb.FINISH_REASON_STOP and finish.stop is not None
     assert finish.stop.eos_token_id == eos
@@ -234,7 +254,7 @@ async def test_eos_ends_the_output_as_a_token_without_text(
 
 
 async def test_output_logprobs_carry_sglangs_token_texts_and_ranked_candidates(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
@@ -245,7 +265,7 @@ async def test_output_logprobs_carry_sglangs_token_texts_and_ranked_candidates(
     request = GenerationRequest(
         "r", "tiny", prompt_token_ids=PROMPT, output_logprobs=LogprobRequest(candidates=selection)
     )
-    session = Session(tokenizer_manager, request, limits)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     logprobs = [-0.1] * len(ids)
     events = await session.run([Step(ids, logprobs=logprobs, tops=tops, finish=FINISH_LENGTH(len(ids)))])
     records = [record for delta in deltas(events) for record in delta.tokens]
@@ -259,14 +279,14 @@ async def test_output_logprobs_carry_sglangs_token_texts_and_ranked_candidates(
 
 
 async def test_prompt_logprobs_skip_sglangs_first_unscored_entry(
-    tokenizer_manager: Any, limits: mapping.EngineLimits
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
     request = GenerationRequest(
         "r", "tiny", prompt_token_ids=PROMPT, prompt_logprobs=LogprobRequest(), stopping=Stopping(max_tokens=1)
     )
-    session = Session(tokenizer_manager, request, limits)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     prompt_logprobs = [None, -1.0, -2.0, -3.0]
     events = await session.run([Step([9], prompt_logprobs=prompt_logprobs, finish=FINISH_LENGTH(1))])
     (prompt,) = [event for event in events if isinstance(event, PromptTokens)]
@@ -279,11 +299,11 @@ async def test_prompt_logprobs_skip_sglangs_first_unscored_entry(
     [(None, None), (503, pb.ERROR_CODE_OVERLOADED), (400, pb.ERROR_CODE_INVALID_ARGUMENT)],
 )
 async def test_an_abort_is_a_cancellation_or_the_failure_its_status_says(
-    tokenizer_manager: Any, limits: mapping.EngineLimits, status: int | None, code: int | None
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits, status: int | None, code: int | None
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    session = Session(tokenizer_manager, GenerationRequest("r", "tiny", prompt_token_ids=PROMPT), limits)
+    session = Session(tokenizer_manager, GenerationRequest("r", "tiny", prompt_token_ids=PROMPT), limits, detokenizer)
     step = Step([9], finish=FINISH_ABORT("queue is full", status_code=status))
     if code is None:
         assert finish_of(await session.run([step])).reason == pb.FINISH_REASON_CANCELLED
@@ -293,11 +313,13 @@ async def test_an_abort_is_a_cancellation_or_the_failure_its_status_says(
     assert failure.value.code == code
 
 
-async def test_cached_prompt_tokens_are_reported(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:
+async def test_cached_prompt_tokens_are_reported(
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
+) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
     request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, sampling=Sampling(temperature=0.0))
-    session = Session(tokenizer_manager, request, limits)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     events = await session.run([Step([9], cached=3, finish=FINISH_LENGTH(1))])
     usage = [event for event in events if isinstance(event, UsageReport)][-1]
     assert usage.cached_prompt_tokens == 3
@@ -305,19 +327,18 @@ async def test_cached_prompt_tokens_are_reported(tokenizer_manager: Any, limits:
 
 @pytest.mark.parametrize("include", [False, True])
 async def test_a_callers_stop_token_ends_the_output_and_shows_only_when_asked(
-    tokenizer_manager: Any, limits: mapping.EngineLimits, include: bool
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits, include: bool
 ) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_MATCHED_TOKEN
 
     stop = tokens(" dog", tokenizer_manager)[0]
     ids = [*tokens(" the lazy", tokenizer_manager), stop]
     stopping = Stopping(stop_token_ids=(stop,), include_stop_in_output=include)
-    session = Session(
-        tokenizer_manager, GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, stopping=stopping), limits
-    )
+    request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, stopping=stopping)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
     shown = ids if include else ids[:-1]
-    text = tokenizer_manager.tokenizer.decode(shown)  # SGLang's detokenizer trims a stop token unless no_stop_trim
-    events = await session.run([Step(ids, text=text, finish=FINISH_MATCHED_TOKEN(stop))])
+    text = tokenizer_manager.tokenizer.decode(shown)
+    events = await session.run([Step(ids, finish=FINISH_MATCHED_TOKEN(stop))])
     finish = finish_of(events)
     assert finish.stop is not None and finish.stop.stop_token_id == stop
     assert [record.token_id for delta in deltas(events) for record in delta.tokens] == shown
