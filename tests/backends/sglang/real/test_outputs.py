@@ -343,3 +343,23 @@ async def test_a_callers_stop_token_ends_the_output_and_shows_only_when_asked(
     assert finish.stop is not None and finish.stop.stop_token_id == stop
     assert [record.token_id for delta in deltas(events) for record in delta.tokens] == shown
     assert "".join(delta.text for delta in deltas(events)) == text
+
+
+async def test_with_ignore_eos_the_driver_ends_the_output_at_a_callers_stop_token(
+    tokenizer_manager: Any, detokenizer: Any, limits: mapping.EngineLimits
+) -> None:
+    """SGLang's ``ignore_eos`` disables every token stop: the driver watches for the caller's own and
+    ends the output there, though SGLang's stream runs on (the engine then closes it)."""
+    stop = tokens(" dog", tokenizer_manager)[0]
+    before, after = tokens(" the lazy", tokenizer_manager), tokens(" jumps over", tokenizer_manager)
+    stopping = Stopping(stop_token_ids=(stop,), ignore_eos=True)
+    request = GenerationRequest("r", "tiny", prompt_token_ids=PROMPT, stopping=stopping)
+    session = Session(tokenizer_manager, request, limits, detokenizer)
+    assert session.fields["sampling_params"]["ignore_eos"] is True
+    events = await session.run([Step(before)], [Step([stop, *after])])
+    finish = finish_of(events)
+    assert finish.reason == pb.FINISH_REASON_STOP and finish.stop is not None and finish.stop.stop_token_id == stop
+    assert [record.token_id for delta in deltas(events) for record in delta.tokens] == before
+    assert "".join(delta.text for delta in deltas(events)) == tokenizer_manager.tokenizer.decode(before)
+    usage = [event for event in events if isinstance(event, UsageReport)][-1]
+    assert usage.completion_tokens == len(before) + 1, "the stop token counts as generated"
