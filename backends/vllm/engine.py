@@ -49,6 +49,7 @@ from openengine_gateway.spi import (
 from ..zmq_kv_events import subscribe
 from ..zmq_kv_replay import repair_gaps
 from . import capabilities, mapping
+from .cpu_memory import CPU_KV_CACHE_ENV, cpu_kv_cache_default
 from .engine_args import engine_kwargs
 from .outputs import RequestStream
 from .pooling import PoolingEngine, PoolingModel, task_capabilities
@@ -125,6 +126,22 @@ def _rpc_base_path(path: str) -> Iterator[None]:
             os.environ["VLLM_RPC_BASE_PATH"] = previous
 
 
+def _sized_for_cpu(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` with a KV cache size on a CPU where the caller gave none (``cpu_memory``):
+    vLLM's own default there is 92 % of the machine's RAM."""
+    from vllm.platforms import current_platform
+
+    size = cpu_kv_cache_default(options, os.environ) if current_platform.is_cpu() else None
+    if size is None:
+        return options
+    log.info(
+        "vLLM on a CPU: KV cache of %d MiB (kv_cache_memory_bytes); set %s (GiB) or kv_cache_memory_bytes to change it",
+        size >> 20,
+        CPU_KV_CACHE_ENV,
+    )
+    return {**options, "kv_cache_memory_bytes": size}
+
+
 class VllmBackend(Backend):
     """vLLM's ``AsyncLLM`` serving one model (``--backend vllm --model PATH_OR_ID``)."""
 
@@ -154,7 +171,7 @@ class VllmBackend(Backend):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=settings.model, **engine_kwargs(settings.engine_options))
+        args = AsyncEngineArgs(model=settings.model, **engine_kwargs(_sized_for_cpu(settings.engine_options)))
         self._stats_enabled = not args.disable_log_stats
         ours = _stats_logger(self._stats)
         self._sockets = _socket_directory()
