@@ -4,7 +4,9 @@ A ``Rule`` quotes one normative sentence of the contract and carries an async ch
 exercises it over real gRPC through a ``Target``. A check passes by returning, fails by
 raising ``CheckFailed`` (or any ``AssertionError``), and is *not applicable* by raising
 ``NotApplicable`` when the server does not advertise what the rule needs: a conformance
-report never turns "unsupported" into "failed".
+report never turns "unsupported" into "failed". A check leaves no state behind: what it sets up
+on the server (an adapter through ``Target.load_lora``, anything through ``Target.on_exit``) is
+undone when the rule ends, however it ends.
 
 Checks are grouped by contract area in ``conformance.checks``; importing that package
 registers them. Disruptive checks (a Drain that stops admission) run only when asked, last.
@@ -13,6 +15,7 @@ registers them. Disruptive checks (a Drain that stops admission) run only when a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import secrets
@@ -52,6 +55,7 @@ class Target:
     timeout_s: float = 60.0
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _greedy: dict[int, Stream] = field(default_factory=dict)
+    _undo: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
 
     @classmethod
     async def open(cls, client: OpenEngineClient, model: str = "", *, timeout_s: float = 60.0) -> Target:
@@ -67,6 +71,43 @@ class Target:
     def role(self) -> pb.EngineRole.ValueType:
         """The engine's role."""
         return self.engine_info.role
+
+    async def data_parallel_ranks(self) -> tuple[int, ...]:
+        """The endpoint's data-parallel ranks that serve this model.
+
+        An endpoint of several engines gives each model a block of one shared rank space, so
+        EngineInfo's ranks are every model's together; this gateway lists a model's own block in
+        GetLoad's ``attributes["<served name>.ranks"]``. Without that attribute (one engine, or
+        another server), EngineInfo's ranks.
+        """
+        load = await self.client.load()
+        listed = load.attributes.get(f"{self.model_info.served_model_name or self.model}.ranks")
+        if listed:
+            return tuple(sorted(int(rank) for rank in listed.split(",")))
+        parallelism = self.engine_info.parallelism
+        start = parallelism.data_parallel_start_rank if parallelism.HasField("data_parallel_start_rank") else 0
+        size = parallelism.data_parallel_size if parallelism.HasField("data_parallel_size") else 1
+        return tuple(range(start, start + max(size, 1)))
+
+    def on_exit(self, undo: Callable[[], Awaitable[object]]) -> None:
+        """Run ``undo`` when the running rule ends, however it ends: a conformance run leaves no
+        state behind on the server (``run_rule`` calls ``release``)."""
+        self._undo.append(undo)
+
+    async def release(self) -> None:
+        """Undo what the rule set up, newest first. A status from an undo (nothing left to undo: the
+        adapter was never loaded, or the check already unloaded it) is expected and ignored."""
+        while self._undo:
+            with contextlib.suppress(StatusError):
+                await self._undo.pop()()
+
+    async def load_lora(self, adapter: pb.LoraAdapter) -> pb.LoadLoraResponse:
+        """LoadLora, with the adapter unloaded when the rule ends, whether the load was meant to
+        succeed or not (a server that wrongly accepts one must not keep it)."""
+        if adapter.lora_name:
+            name = adapter.lora_name
+            self.on_exit(lambda: self.client.unload_lora(name))
+        return await self.client.load_lora(adapter)
 
     def request_id(self, label: str = "check") -> str:
         """A fresh request id that no other check uses."""
@@ -243,8 +284,19 @@ class Result:
 
 
 async def run_rule(rule_: Rule, target: Target) -> Result:
-    """Run one rule's check, with the target's timeout."""
+    """Run one rule's check, with the target's timeout, then undo what it left on the server."""
     start = time.perf_counter()
+    outcome, message = await _verdict(rule_, target)
+    try:
+        await asyncio.wait_for(target.release(), target.timeout_s)
+    except Exception as exc:  # broad on purpose: state left behind fails the rule, whatever went wrong
+        if outcome is not Outcome.FAILED:
+            outcome, message = Outcome.FAILED, f"could not undo the check's changes: {type(exc).__name__}: {exc}"
+    return Result(rule_, outcome, message, time.perf_counter() - start)
+
+
+async def _verdict(rule_: Rule, target: Target) -> tuple[Outcome, str]:
+    """The outcome of ``rule_``'s check and what it says."""
     try:
         await asyncio.wait_for(rule_.check(target), target.timeout_s)
         outcome, message = Outcome.PASSED, ""
@@ -258,7 +310,7 @@ async def run_rule(rule_: Rule, target: Target) -> Result:
         outcome, message = Outcome.FAILED, f"unexpected status {exc.code.name}: {exc.details}"
     except Exception as exc:  # broad on purpose: an unexpected error is a failed rule, not a crash
         outcome, message = Outcome.FAILED, f"{type(exc).__name__}: {exc}"
-    return Result(rule_, outcome, message, time.perf_counter() - start)
+    return outcome, message
 
 
 async def run_rules(target: Target, rules: Sequence[Rule]) -> list[Result]:

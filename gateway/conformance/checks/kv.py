@@ -72,17 +72,18 @@ async def sources_rank_filter(target: Target) -> None:
             raise CheckFailed(f"asked for rank {rank}, got a source of rank {source.data_parallel_rank}")
 
 
-def _rank(target: Target) -> tuple[int, bool]:
-    """The rank a check watches, and whether requests must be pinned to it (several ranks)."""
+async def _rank(target: Target) -> tuple[int, bool]:
+    """The rank a check watches (the model's first), and whether requests must be pinned to it
+    (the endpoint has several ranks)."""
+    ranks = await target.data_parallel_ranks()
     parallelism = target.engine_info.parallelism
-    start = parallelism.data_parallel_start_rank if parallelism.HasField("data_parallel_start_rank") else 0
-    several = parallelism.HasField("data_parallel_size") and parallelism.data_parallel_size > 1
-    return start, several
+    several = len(ranks) > 1 or (parallelism.HasField("data_parallel_size") and parallelism.data_parallel_size > 1)
+    return ranks[0], several
 
 
 async def _watch(target: Target) -> tuple[AsyncIterator[pb.SubscribeKvEventsResponse], int]:
     """A live subscription to one rank, past its snapshot (so nothing published after it is missed)."""
-    rank, _ = _rank(target)
+    rank, _ = await _rank(target)
     request = pb.SubscribeKvEventsRequest(data_parallel_ranks=[rank], include_snapshot=True)
     stream = target.client.kv_events(request, timeout_s=target.timeout_s)
     snapshot = await _next(stream, "the snapshot")
@@ -109,7 +110,7 @@ async def _next(stream: AsyncIterator[pb.SubscribeKvEventsResponse], what: str) 
 async def _fill_blocks(target: Target) -> None:
     """Run a prompt no one has sent before that spans several KV blocks of the watched rank."""
     request = target.fresh_prompt(max_tokens=1)
-    rank, pin = _rank(target)
+    rank, pin = await _rank(target)
     if pin:
         request.kv.data_parallel_rank = rank
     (await target.run(request)).succeeded()
@@ -123,6 +124,7 @@ async def _fill_blocks(target: Target) -> None:
 async def sequence_numbers(target: Target) -> None:
     target.require_generation()
     stream, number = await _watch(target)
+    rank, _ = await _rank(target)
     try:
         last = number
         await _fill_blocks(target)
@@ -138,7 +140,7 @@ async def sequence_numbers(target: Target) -> None:
             seen += 1
             if batch.sequence_number <= last:
                 raise CheckFailed(f"sequence number {batch.sequence_number} follows {last}; they must increase")
-            if batch.data_parallel_rank != _rank(target)[0]:
+            if batch.data_parallel_rank != rank:
                 raise CheckFailed(f"a batch of rank {batch.data_parallel_rank} on a subscription to another rank")
             if batch.timestamp_unix_nanos == 0:
                 raise CheckFailed("a KV event batch has no timestamp")
