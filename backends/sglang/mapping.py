@@ -209,6 +209,13 @@ def _stopping(request: GenerationRequest, limits: EngineLimits, prompt_len: int 
     if not limits.has_tokenizer and (stopping.stop_texts or stopping.min_tokens):
         # SGLang would fail these after acceptance (sampling_params.raise_if_tokenizer_required).
         raise InvalidArgument("this SGLang engine runs without a tokenizer: stop strings and min_tokens need one")
+    if stopping.min_tokens and stopping.stop_texts:
+        # SGLang's scheduler checks stop strings from the first token (Req.update_finish_state); its
+        # min_new_tokens holds back only stop tokens and EOS (sampling/penaltylib/min_new_tokens.py).
+        raise InvalidArgument(
+            "SGLang matches stop strings from the first token: with min_tokens one could end the output "
+            "before min_tokens; use stop token ids, or no min_tokens"
+        )
     _check_vocab(stopping.stop_token_ids, limits, "stop_token_id")
     values: dict[str, Any] = {
         "max_new_tokens": budget,

@@ -105,16 +105,18 @@ def test_unseeded_outputs_differ_in_deterministic_mode() -> None:
 
 
 def test_stopping_maps_to_sglangs_names() -> None:
-    stopping = Stopping(max_tokens=9, min_tokens=2, stop_texts=("x",), stop_token_ids=(3,), include_stop_in_output=True)
+    stopping = Stopping(max_tokens=9, min_tokens=2, stop_token_ids=(3,), include_stop_in_output=True)
     values = sampling_of(request(stopping=stopping))
     assert values == {
         "max_new_tokens": 9,
         "min_new_tokens": 2,
         "ignore_eos": False,
         "no_stop_trim": True,
-        "stop": ["x"],
         "stop_token_ids": [3],
     }
+    assert sampling_of(request(stopping=Stopping(max_tokens=9, stop_texts=("x",))))["stop"] == ["x"]
+    with pytest.raises(InvalidArgument, match="stop strings from the first token"):
+        sampling_of(request(stopping=Stopping(min_tokens=2, stop_texts=("x",))))
     watched = sampling_of(request(stopping=Stopping(ignore_eos=True, stop_token_ids=(3,))))
     assert watched["ignore_eos"] and "stop_token_ids" not in watched, "SGLang's ignore_eos disables every token stop"
     with pytest.raises(InvalidArgument, match="at most 32"):

@@ -119,19 +119,22 @@ async def test_temperature_zero_is_sglangs_greedy(tokenizer_manager: Any, limits
 
 async def test_stopping(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:
     stopping = Stopping(
-        max_tokens=20,
-        min_tokens=3,
-        stop_texts=("fox", "lazy dog"),
-        stop_token_ids=(9, 10),
-        include_stop_in_output=True,
+        max_tokens=20, stop_texts=("fox", "lazy dog"), stop_token_ids=(9, 10), include_stop_in_output=True
     )
     params = await sampling(tokenizer_manager, limits, stopping=stopping)
-    assert (params.max_new_tokens, params.min_new_tokens) == (20, 3)
+    assert (params.max_new_tokens, params.min_new_tokens) == (20, 0)
     assert params.stop_strs == ["fox", "lazy dog"]
     longest = max(len(tokenizer_manager.tokenizer.encode(s, add_special_tokens=False)) for s in stopping.stop_texts)
     assert params.stop_str_max_len == longest
     assert params.stop_token_ids == {9, 10}
     assert params.no_stop_trim is True and params.ignore_eos is False
+
+
+async def test_min_tokens_hold_back_stop_tokens(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:
+    params = await sampling(
+        tokenizer_manager, limits, stopping=Stopping(max_tokens=20, min_tokens=3, stop_token_ids=(9,))
+    )
+    assert (params.min_new_tokens, params.stop_token_ids) == (3, {9})
 
 
 async def test_ignore_eos_sends_no_stop_token_ids(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:

@@ -142,3 +142,36 @@ async def test_a_data_parallel_rank_the_engine_lacks(tokenizer_manager: Any, lim
     await admit(tokenizer_manager, accepted)
     with pytest.raises(ValueError, match="routed_dp_rank=1 out of range"):
         await admit(tokenizer_manager, {**accepted, "routed_dp_rank": 1})
+
+
+def test_stop_strings_with_min_tokens(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:
+    """SGLang's scheduler matches stop strings from the first token (``Req.update_finish_state``,
+    ``_check_str_based_finish``); ``min_new_tokens`` holds back only stop tokens and EOS
+    (``sampling/penaltylib/min_new_tokens.py``). vLLM, and the TensorRT-LLM driver's own matcher,
+    check stop strings from ``min_tokens`` on, so the driver refuses the combination."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import FINISH_MATCHED_STR, Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    stopping = Stopping(min_tokens=8, stop_texts=("dog",))
+    with pytest.raises(InvalidArgument, match="stop strings from the first token"):
+        plan(tokenizer_manager, request(stopping=stopping), limits)
+    plan(tokenizer_manager, request(stopping=Stopping(min_tokens=8, stop_token_ids=(9,))), limits)
+    plan(tokenizer_manager, request(stopping=Stopping(stop_texts=("dog",))), limits)
+
+    sent = mapping.plan_generation(request(stopping=Stopping(max_tokens=20)), limits, input_ids=PROMPT)
+    params = SamplingParams(**{**sent.outputs[0]["sampling_params"], "min_new_tokens": 8, "stop": ["dog"]})
+    params.normalize(tokenizer_manager.tokenizer)
+    params.verify(limits.vocab_size)
+    req = Req(
+        "r", "", array("q", PROMPT), params, eos_token_ids=set(limits.eos_token_ids), vocab_size=limits.vocab_size
+    )
+    req.tokenizer = tokenizer_manager.tokenizer
+    for token in tokenizer_manager.tokenizer.encode(" the lazy dog jumps over", add_special_tokens=False):
+        req.output_ids.append(token)
+        req.update_finish_state()
+        if req.finished_reason is not None:
+            break
+    assert isinstance(req.finished_reason, FINISH_MATCHED_STR)
+    assert len(req.output_ids) < 8, "SGLang ended the output on the stop string inside min_new_tokens"
