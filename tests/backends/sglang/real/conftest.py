@@ -5,11 +5,13 @@ SGLang's triton) pytest does not collect them at all, rather than counting them 
 ``make test`` runs them with ``.venv-sglang/bin/python -m pytest tests/backends/sglang/real``.
 
 Nothing here runs a model (SGLang's scheduler does not run on this CPU: docs/backends/sglang.md says
-why). What runs is SGLang's own code up to the scheduler's door:
-``ServerArgs`` resolution, the ``TokenizerManager`` (built for real on the tiny Llama, with no
-scheduler behind it) tokenizing, validating and turning the driver's ``GenerateReqInput`` into the
-``TokenizedGenerateReqInput`` it would send, ``SamplingParams`` normalisation and verification,
-the radix cache's KV-event recorder and the ZMQ publisher.
+why). What runs is SGLang's own code on either side of the model: ``ServerArgs`` resolution; the
+``TokenizerManager`` (built for real on the tiny Llama, with no scheduler behind it) tokenizing,
+validating and turning the driver's ``GenerateReqInput`` into the ``TokenizedGenerateReqInput`` it
+would send, ``SamplingParams`` normalisation and verification, and building the output dictionaries
+the driver reads from what the ``DetokenizerManager`` makes of scheduler messages; the scheduler's
+``Req`` stop checks; the grammar backends; the radix cache's KV-event recorder and the ZMQ publisher.
+Only the model's tokens, logprobs and finish decisions are played by the tests.
 """
 
 from __future__ import annotations
