@@ -79,6 +79,27 @@ class Sampling:
                 values[name] = value
         return values
 
+    NEUTRAL: ClassVar[Mapping[str, float]] = {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    """Each knob's value that leaves the model's distribution as it is (``seed`` has none)."""
+
+    def require_neutral(self, *knobs: str, engine: str) -> None:
+        """Refuse (``InvalidArgument``) a value of ``knobs`` (``KNOBS`` names, or ``seed``) that the
+        engine does not implement, unless it is neutral: ModelInfo cannot advertise sampling knobs,
+        so a knob an engine ignores would otherwise be silently ignored."""
+        for name in knobs:
+            value = getattr(self, name)
+            if value is not None and value != self.NEUTRAL.get(name):
+                neutral = f" (only {self.NEUTRAL[name]:g})" if name in self.NEUTRAL else ""
+                raise InvalidArgument(f"sampling.{name}: {engine} does not implement it{neutral}, got {value}")
+
 
 @dataclass(frozen=True, slots=True)
 class Stopping:

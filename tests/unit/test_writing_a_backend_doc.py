@@ -1,0 +1,69 @@
+"""docs/writing-a-backend.md answers from what the code does: every ModelInfo field, the neutral
+sampling values, the pytest settings the example uses, the encoder's rules on empty deltas and late usage."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from openengine_gateway import pb
+from openengine_gateway.contract.stream import GenerateEncoder
+from openengine_gateway.spi import OutputFinished, Sampling, StopMatch, TokenDelta, TokenRecord, UsageReport
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = (ROOT / "docs" / "writing-a-backend.md").read_text()
+
+
+def _table_rows(heading: str) -> list[str]:
+    section = GUIDE.split(heading, 1)[1].split("\n#", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_every_model_info_field_is_in_the_table() -> None:
+    rows = _table_rows("### ModelInfo, field by field")
+    table, generation = "\n".join(rows), "\n".join(row for row in rows if row.startswith("| `generation."))
+    undocumented = [
+        f.name for f in pb.ModelInfo.DESCRIPTOR.fields if f.name != "generation" and f"`{f.name}`" not in table
+    ]
+    undocumented += [
+        f"generation.{f.name}" for f in pb.GenerationCapabilities.DESCRIPTOR.fields if f.name not in generation
+    ]
+    assert undocumented == []
+
+
+def test_the_neutral_values_are_the_codes() -> None:
+    assert Sampling.NEUTRAL == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    assert "(temperature 1, top_p 1, top_k 0, min_p 0" in GUIDE
+    assert set(Sampling.NEUTRAL) == set(Sampling.KNOBS)
+
+
+def test_the_pytest_settings_are_the_examples() -> None:
+    block = GUIDE.split("```toml\n[tool.pytest.ini_options]\n", 1)[1].split("```", 1)[0]
+    documented = tomllib.loads(block)
+    example = tomllib.loads((ROOT / "examples" / "openengine-echo-backend" / "pyproject.toml").read_text())
+    settings = example["tool"]["pytest"]["ini_options"]
+    assert {key: settings[key] for key in documented} == documented
+
+
+def test_an_empty_delta_sends_nothing_and_a_text_only_delta_is_a_message() -> None:
+    encoder = GenerateEncoder("r", num_outputs=1, prefill=False, prompt_logprobs=False)
+    assert encoder.encode(TokenDelta(0, [])) is None
+    assert encoder.encode(TokenDelta(0, [TokenRecord(5)])) is not None
+    message = encoder.encode(TokenDelta(0, [], "held back"))
+    assert message is not None and message.token.text == "held back" and not message.token.tokens
+
+
+def test_the_final_finish_carries_the_last_usage_report_before_it() -> None:
+    encoder = GenerateEncoder("r", num_outputs=1, prefill=False, prompt_logprobs=False)
+    encoder.encode(TokenDelta(0, [TokenRecord(5)], "a"))
+    encoder.encode(UsageReport(3, 2))  # a dropped stop token counted too: more than the records sent
+    final = encoder.encode(OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.token(9)))
+    assert final is not None and final.usage.completion_tokens == 2 and encoder.done
