@@ -48,7 +48,7 @@ from openengine_gateway.spi import (
 )
 
 from ..zmq_kv_events import subscribe
-from . import capabilities, mapping
+from . import capabilities, kv_publishers, mapping
 from .capabilities import EngineState
 from .outputs import RequestStream
 from .process import SigquitGuard, gateway_log_level, kept_logging, process_alive
@@ -161,7 +161,7 @@ class SglangBackend(Backend):
             parallelism=capabilities.parallelism(server),
             kv_connector=capabilities.kv_connector(server, self._bootstrap[0]),
             lora_adapters=capabilities.startup_adapters(manager) if capabilities.lora_enabled(server) else (),
-            publishes_kv_events=bool(capabilities.kv_event_publishers(server)),
+            publishes_kv_events=bool(kv_publishers.kv_event_publishers(server)),
         )
 
     async def stop(self) -> None:
@@ -411,13 +411,13 @@ class SglangBackend(Backend):
         """SGLang's ZMQ KV-event publishers, one per data-parallel rank."""
         self._running()
         assert self._state is not None
-        return capabilities.kv_event_sources(self._state.server)
+        return kv_publishers.kv_event_sources(self._state.server)
 
     def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
         """SGLang's published KV events, decoded into batches (its sequence numbers kept)."""
         self._running()
         assert self._state is not None
-        return subscribe(capabilities.kv_event_publishers(self._state.server))
+        return subscribe(kv_publishers.kv_event_publishers(self._state.server))
 
     def _running(self) -> Any:
         if self._engine is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from openengine_gateway.config import ConfigError
 
-from .capabilities import check_kv_events_config
+from .kv_publishers import check_kv_events_config
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from openengine_backends.sglang import capabilities
+from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.capabilities import EngineState
 from openengine_backends.sglang.tasks import task_capabilities
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
 
 from .fake_api import LoadSnapshot, resolved
 
@@ -106,19 +104,6 @@ def test_roles_connector_and_parallelism() -> None:
     )
 
 
-def test_kv_event_sources_per_dp_rank() -> None:
-    config = {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", "topic": "kv"}
-    args = server(kv_events_config=json.dumps(config), dp_size=2)
-    assert capabilities.kv_event_publishers(args) == {0: ("tcp://*:5557", "kv"), 1: ("tcp://*:5558", "kv")}
-    first, second = capabilities.kv_event_sources(args)
-    assert first.endpoint_addr == pb.KvEndpoint(host="*", port=5557, protocol="tcp")
-    assert (second.data_parallel_rank, second.replay_endpoint) == (1, "tcp://*:5601")
-    assert (first.encoding, first.hwm, first.buffer_steps, first.topic) == ("msgpack", 100_000, 10_000, "kv")
-    connecting = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "tcp://collector:5557"}))
-    assert capabilities.kv_event_sources(connecting) == [], "a publisher that connects out has nothing to subscribe"
-    assert capabilities.kv_event_publishers(server()) == {}
-
-
 def test_load_from_sglangs_snapshots() -> None:
     snapshots = [
         LoadSnapshot(timestamp=2.0, dp_rank=1, num_running_reqs=1, num_used_tokens=17, max_total_num_tokens=64),
@@ -154,71 +139,11 @@ def test_attention_dp_ranks_count_as_data_parallel_ranks() -> None:
     assert capabilities.parallelism(args).data_parallel_size == 4
     limits = capabilities.engine_limits(replace(engine(), server=args))
     assert (limits.dp_ranks, limits.dp_size) == (4, 1), "runtime LoRA loading asserts only dp_size == 1"
-    assert list(capabilities.kv_event_publishers(args).values()) == [
+    assert list(kv_publishers.kv_event_publishers(args).values()) == [
         (f"tcp://*:{port}", "") for port in range(5557, 5561)
     ]
-    last = capabilities.kv_event_sources(args)[-1]
+    last = kv_publishers.kv_event_sources(args)[-1]
     assert (last.data_parallel_rank, last.endpoint_addr.port, last.replay_endpoint) == (3, 5560, "tcp://*:5603")
-
-
-@pytest.mark.parametrize(
-    ("endpoint", "bind", "expected"),
-    [
-        ("ipc:///run/kv.sock", None, {0: "ipc:///run/kv.sock"}),
-        ("tcp://[::]:5557", None, {0: "tcp://[::]:5557", 1: "tcp://[::]:5558"}),
-        ("tcp://[::1]:5557", None, {0: "tcp://[::1]:5557", 1: "tcp://[::1]:5558"}),
-        ("tcp://[fd00:0:0:0:0:0:0:1]:5557", None, {}),
-        (
-            "tcp://[fd00:0:0:0:0:0:0:1]:5557",
-            True,
-            {0: "tcp://[fd00:0:0:0:0:0:0:1]:5557", 1: "tcp://[fd00:0:0:0:0:0:0:1]:5558"},
-        ),
-        ("tcp://127.0.0.1:5557", True, {0: "tcp://127.0.0.1:5557", 1: "tcp://127.0.0.1:5558"}),
-        ("tcp://127.0.0.1:5557", None, {}),
-        ("tcp://*:5557", False, {}),
-    ],
-)
-def test_publishers_are_found_where_sglang_binds_them(
-    endpoint: str, bind: bool | None, expected: dict[int, str]
-) -> None:
-    """SGLang's ``_socket_setup`` binds when ``bind`` says so, else for ``*``, ``::`` or ``0.0.0.0``
-    anywhere in the endpoint (every IPv6 address written with ``::``), ``ipc://`` and ``inproc://``;
-    ``offset_endpoint_port`` gives rank ``r`` the port plus ``r``. One ipc path serves one rank only."""
-    config: dict[str, Any] = {"publisher": "zmq", "endpoint": endpoint}
-    if bind is not None:
-        config["bind"] = bind
-    ranks = 1 if endpoint.startswith("ipc://") else 2
-    args = server(kv_events_config=json.dumps(config), dp_size=ranks)
-    assert {rank: found for rank, (found, _) in capabilities.kv_event_publishers(args).items()} == expected
-
-
-def test_sources_name_a_bracketless_ipv6_host_and_skip_ipc() -> None:
-    ipv6 = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "tcp://[::1]:5557"}))
-    assert capabilities.kv_event_sources(ipv6)[0].endpoint_addr == pb.KvEndpoint(host="::1", port=5557, protocol="tcp")
-    ipc = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "ipc:///run/kv.sock"}))
-    assert capabilities.kv_event_sources(ipc) == [], "an ipc socket has no host:port to advertise"
-
-
-def test_rank_endpoints_as_sglang_offsets_them() -> None:
-    assert capabilities.rank_endpoint("inproc://cache", 2) == "inproc://cache_dp2"
-    assert capabilities.rank_endpoint("ipc:///run/kv.sock", 0) == "ipc:///run/kv.sock"
-    with pytest.raises(ValueError, match="no rank-1 endpoint"):
-        capabilities.rank_endpoint("ipc:///run/kv.sock", 1)
-
-
-def test_an_inproc_publisher_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigError, match="inproc://cache"):
-        capabilities.check_kv_events_config(json.dumps({"publisher": "zmq", "endpoint": "inproc://cache"}))
-    capabilities.check_kv_events_config(json.dumps({"publisher": "null", "endpoint": "inproc://cache"}))
-    capabilities.check_kv_events_config(None)
-
-
-def test_a_publisher_that_connects_out_is_logged_at_start(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger=capabilities.__name__):
-        capabilities.check_kv_events_config({"publisher": "zmq", "endpoint": "tcp://collector:5557"})
-        capabilities.check_kv_events_config({"publisher": "zmq", "endpoint": "tcp://*:5557"})
-    (record,) = caplog.records
-    assert "connects out to tcp://collector:5557" in record.getMessage()
 
 
 def test_decode_context_parallelism_widens_the_kv_block() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from openengine_backends.sglang import capabilities
+from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.server_args import server_kwargs
 from openengine_backends.zmq_kv_events import decode_batch, subscribe
 from openengine_gateway import pb
@@ -233,7 +233,7 @@ def _publishers(server: dict[str, Any]) -> dict[int, Any]:
 async def _round_trip(server: dict[str, Any]) -> None:
     """Each rank's radix-cache events, published by SGLang and read by the driver's subscriber."""
     publishers = _publishers(server)
-    sources = capabilities.kv_event_publishers(server)
+    sources = kv_publishers.kv_event_publishers(server)
     assert set(sources) == set(publishers), "the driver subscribes to every rank SGLang publishes on"
     wanted: dict[int, list[list[Any]]] = {}
     for rank in publishers:
@@ -287,7 +287,7 @@ async def test_an_ipc_publisher_is_read(tiny_model: Path, tmp_path: Path) -> Non
 def test_a_publisher_that_connects_out_is_not_subscribed_to(tiny_model: Path, endpoint: str) -> None:
     """SGLang connects (rather than binds) a concrete-host endpoint: there is nothing to subscribe to."""
     config = json.dumps({"publisher": "zmq", "endpoint": endpoint})
-    assert capabilities.kv_event_publishers(_server(tiny_model, kv_events_config=config)) == {}
+    assert kv_publishers.kv_event_publishers(_server(tiny_model, kv_events_config=config)) == {}
 
 
 @pytest.mark.parametrize(
@@ -297,7 +297,7 @@ def test_a_publisher_that_connects_out_is_not_subscribed_to(tiny_model: Path, en
 def test_each_ranks_endpoint_is_the_one_sglang_derives(endpoint: str, rank: int) -> None:
     from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
 
-    assert capabilities.rank_endpoint(endpoint, rank) == ZmqEventPublisher.offset_endpoint_port(endpoint, rank)
+    assert kv_publishers.rank_endpoint(endpoint, rank) == ZmqEventPublisher.offset_endpoint_port(endpoint, rank)
 
 
 @pytest.mark.parametrize(
@@ -320,8 +320,8 @@ def test_the_driver_subscribes_exactly_where_sglangs_publisher_binds(
     finally:
         publisher.shutdown()
         atexit.unregister(publisher.shutdown)
-    assert capabilities.publisher_binds(config, config["endpoint"]) == binds
-    assert bool(capabilities.kv_event_publishers({"kv_events_config": json.dumps(config)})) == binds
+    assert kv_publishers.publisher_binds(config, config["endpoint"]) == binds
+    assert bool(kv_publishers.kv_event_publishers({"kv_events_config": json.dumps(config)})) == binds
 
 
 @pytest.mark.parametrize(
@@ -349,7 +349,7 @@ def test_the_sources_the_driver_advertises_are_the_ones_sglang_describes(
     server = dict(args.resolved_dict())
     described = describe_kv_events_publisher(args)
     assert described is not None
-    sources = capabilities.kv_event_sources(server)
+    sources = kv_publishers.kv_event_sources(server)
     assert len(sources) == described["dp_size"]
     for rank, source in enumerate(sources):
         assert source.data_parallel_rank == rank

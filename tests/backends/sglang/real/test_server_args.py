@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openengine_backends.sglang import capabilities
+from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.server_args import server_kwargs
 from openengine_gateway.config import ConfigError
 
@@ -162,7 +162,7 @@ def test_options_sglang_would_refuse(tiny_model: Path, options: dict[str, str], 
 def test_kv_event_publishers_follow_the_resolved_ranks(tiny_model: Path) -> None:
     config = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"})
     _, server = resolved(tiny_model, dp_size="2", enable_dp_attention="true", tp_size="2", kv_events_config=config)
-    assert capabilities.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv"), 1: ("tcp://*:5558", "kv")}
+    assert kv_publishers.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv"), 1: ("tcp://*:5558", "kv")}
 
 
 def test_a_table_means_its_json_text_on_sglangs_command_line(tiny_model: Path) -> None:
@@ -173,5 +173,5 @@ def test_a_table_means_its_json_text_on_sglangs_command_line(tiny_model: Path) -
     table = {"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}
     args, server = resolved(tiny_model, kv_events_config=table, preferred_sampling_params={"temperature": 0.5})
     assert KVEventsConfig.from_cli(args.kv_events_config) == KVEventsConfig(**table)
-    assert capabilities.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv")}
+    assert kv_publishers.kv_event_publishers(server) == {0: ("tcp://*:5557", "kv")}
     assert args.preferred_sampling_params == {"temperature": 0.5}, "its command line reads JSON into a dict"
