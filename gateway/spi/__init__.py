@@ -2,7 +2,8 @@
 
 ``from openengine_gateway import spi`` gives the ``Backend`` base class, its settings base,
 ``EngineFacts``, the validated request types, the generation events with their
-``EventStream``, and the streaming helpers. ``openengine_gateway.pb`` gives the protobuf
+``EventStream``, the streaming helpers, and ``OutputTracker`` (one output of a token-by-token
+engine, stopping and text). ``openengine_gateway.pb`` gives the protobuf
 messages used for capabilities, load and events; ``openengine_gateway.errors`` the errors.
 """
 
@@ -39,6 +40,7 @@ from .requests import (
 )
 from .streaming import (
     CumulativeOutput,
+    LogprobRow,
     StopTextHit,
     StopTextMatcher,
     rank_by_logprob,
@@ -46,6 +48,7 @@ from .streaming import (
     select_candidates,
     stop_match_for_token,
 )
+from .tracking import OutputTracker, TokenStep
 
 __all__ = [
     "SPI_VERSION",
@@ -64,9 +67,11 @@ __all__ = [
     "Guidance",
     "KvSession",
     "LogprobRequest",
+    "LogprobRow",
     "LoraAdapter",
     "Media",
     "OutputFinished",
+    "OutputTracker",
     "PrefillDone",
     "PromptTokens",
     "Sampling",
@@ -80,6 +85,7 @@ __all__ = [
     "TaskItem",
     "TokenDelta",
     "TokenRecord",
+    "TokenStep",
     "UsageReport",
     "rank_by_logprob",
     "resolve_max_tokens",

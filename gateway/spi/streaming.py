@@ -5,8 +5,9 @@
 * ``StopTextMatcher``: hold back a partial stop-string match while streaming, cut at the
   match, keep or drop the stop text as the caller asked.
 * ``stop_match_for_token``: tell a caller's stop token from the model's EOS.
-* ``select_candidates``: turn an engine's per-position logprobs into the caller's candidate
-  selection (top N, explicit ids, or all), with ranks.
+* ``select_candidates``: turn an engine's per-position logprobs (a mapping, or the whole
+  vocabulary's row as an array) into the caller's candidate selection (top N, explicit ids, or
+  all), with ranks.
 * ``resolve_max_tokens``: the concrete output budget when the caller gave none.
 
 All are pure and allocation-light; none imports an engine.
@@ -16,6 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from .. import pb
 from ..errors import EngineFailure, InvalidArgument
@@ -145,36 +150,83 @@ def stop_match_for_token(token_id: int, stopping: Stopping, eos_token_ids: Seque
     return None
 
 
+LogprobRow = Sequence[float] | npt.NDArray[np.floating[Any]]
+"""One position's logprobs over the whole vocabulary, indexed by token id (a numpy array, or a list)."""
+
+
 def select_candidates(
     selection: CandidateSelection | None,
-    logprobs: Mapping[int, float],
+    logprobs: Mapping[int, float] | LogprobRow,
     *,
     decode: Callable[[int], str] = lambda _: "",
     ranks: Mapping[int, int] | None = None,
 ) -> list[Candidate]:
-    """The caller's candidates at one position from the engine's ``token_id -> logprob``.
+    """The caller's candidates at one position from the engine's logprobs.
 
-    ``logprobs`` must cover what the selection needs (the engine was asked for enough): a
-    requested id it lacks raises an INTERNAL ``EngineFailure``, never a made-up value. Ranks
-    come from ``ranks`` when the engine reports them, else from the order of ``logprobs``
-    values (1 = most likely). TOP_N returns the best ``top_n`` in rank order; TOKEN_IDS
-    returns the requested ids in request order; ALL returns every entry in rank order.
+    ``logprobs`` is either the whole vocabulary's row (``LogprobRow``: ranks are then vocabulary
+    ranks, computed from it) or a ``token_id -> logprob`` mapping, which must cover what the
+    selection needs (the engine was asked for enough). A requested id it lacks raises an
+    INTERNAL ``EngineFailure``, never a made-up value. A mapping's ranks come from ``ranks``
+    when the engine reports them, else from the order of its values (1 = most likely: vocabulary
+    ranks only when it holds the row's most likely entries). TOP_N returns the best ``top_n`` in
+    rank order; TOKEN_IDS returns the requested ids in request order; ALL returns every entry in
+    rank order.
     """
     if selection is None:
         return []
+    if not isinstance(logprobs, Mapping):
+        return _select_from_row(selection, np.asarray(logprobs, dtype=np.float64), decode)
     if ranks is None:
         ranks = rank_by_logprob(logprobs)
     mode = selection.mode
     if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS:
         ids: Sequence[int] = selection.token_ids
-        missing = [i for i in ids if i not in logprobs]
-        if missing:
-            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"the engine reported no logprob for candidate ids {missing}")
+        _require_scored([i for i in ids if i not in logprobs])
     else:
         ids = sorted(logprobs, key=ranks.__getitem__)
         if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N:
             ids = ids[: selection.top_n]
     return [Candidate(i, logprobs[i], decode(i), ranks.get(i)) for i in ids]
+
+
+def _select_from_row(
+    selection: CandidateSelection, row: npt.NDArray[np.float64], decode: Callable[[int], str]
+) -> list[Candidate]:
+    """Candidates from a whole-vocabulary row, with vocabulary ranks (ties: the lower id first)."""
+    mode = selection.mode
+    if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS:
+        _require_scored([i for i in selection.token_ids if i >= len(row)])
+        ids = np.asarray(selection.token_ids, dtype=np.int64)
+        values = row[ids]
+        better = (row[None, :] > values[:, None]).sum(axis=1)
+        tied_below = np.array([(row[:i] == row[i]).sum() for i in selection.token_ids], dtype=np.int64)
+        ranks = 1 + better + tied_below
+    else:
+        if mode == pb.CANDIDATE_TOKEN_SELECTION_MODE_TOP_N and selection.top_n < len(row):
+            ids = _best(row, selection.top_n)
+        else:
+            ids = np.argsort(-row, kind="stable")
+        ranks = np.arange(1, len(ids) + 1)
+    return [
+        Candidate(token_id, value, decode(token_id), rank)
+        for token_id, value, rank in zip(ids.tolist(), row[ids].tolist(), ranks.tolist(), strict=True)
+    ]
+
+
+def _best(row: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.intp]:
+    """The ``n`` most likely ids in rank order, in time linear in the vocabulary."""
+    if n <= 0:
+        return np.empty(0, dtype=np.intp)
+    threshold = -np.partition(-row, n - 1)[n - 1]
+    above = np.flatnonzero(row > threshold)
+    ids = np.concatenate([above, np.flatnonzero(row == threshold)[: n - len(above)]])
+    ranked: npt.NDArray[np.intp] = ids[np.lexsort((ids, -row[ids]))]
+    return ranked
+
+
+def _require_scored(missing: Sequence[int]) -> None:
+    if missing:
+        raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"the engine reported no logprob for candidate ids {list(missing)}")
 
 
 def rank_by_logprob(logprobs: Mapping[int, float]) -> dict[int, int]:
@@ -217,6 +269,7 @@ def resolve_max_tokens(
 
 __all__ = [
     "CumulativeOutput",
+    "LogprobRow",
     "StopTextHit",
     "StopTextMatcher",
     "rank_by_logprob",

@@ -20,15 +20,10 @@ from openengine_gateway.spi import (
     EngineFacts,
     GenerationEvent,
     GenerationRequest,
-    OutputFinished,
-    StopMatch,
-    StopTextHit,
-    StopTextMatcher,
-    TokenDelta,
+    OutputTracker,
     TokenRecord,
     UsageReport,
     resolve_max_tokens,
-    stop_match_for_token,
 )
 
 from .capabilities import PARALLELISM, model_info
@@ -88,32 +83,23 @@ class EchoBackend(Backend):
 
     async def _echo(self, request: GenerationRequest, prompt: list[int], budget: int) -> AsyncIterator[GenerationEvent]:
         stopping = request.stopping
-        matcher = StopTextMatcher(stopping.stop_texts, include_stop=stopping.include_stop_in_output)
+        # Stop tokens, EOS, stop strings, min_tokens and the budget: the SPI's tracker decides what is emitted.
+        tracker = OutputTracker(0, stopping, budget=budget, eos_token_ids=(EOS,))
         natural_end = len(prompt) * self.options.repeat
         self._running.add(request.request_id)
         try:
             yield UsageReport(len(prompt), 0)  # known at once: an aborted request still counts its prompt
-            for position in range(budget):
+            while not tracker.done:
                 await asyncio.sleep(self.options.token_delay_s)  # also yields the loop between tokens
-                past_min = position >= stopping.min_tokens  # before min_tokens, nothing may end the output
-                ends = position >= natural_end and past_min and not stopping.ignore_eos
+                position = tracker.generated
+                # EOS only once min_tokens allow it: an engine bans it from sampling until tracker.may_stop
+                ends = position >= natural_end and tracker.may_stop and not stopping.ignore_eos
                 token = EOS if ends else prompt[position % len(prompt)]
-                record = TokenRecord(token, piece(token))
-                stop = stop_match_for_token(token, stopping, (EOS,)) if past_min else None
-                if stop is not None:  # EOS stays in the records without text; a caller's stop token only if kept
-                    keep = stop.stop_token_id is None or stopping.include_stop_in_output
-                    yield TokenDelta(0, [record] if keep else [], matcher.flush() + (piece(token) if keep else ""))
-                else:
-                    fed = matcher.feed(piece(token), armed=past_min)
-                    hit = fed if isinstance(fed, StopTextHit) else None
-                    stop = StopMatch.text(hit.stop) if hit is not None else None
-                    yield TokenDelta(0, [record], hit.text if hit is not None else fed)
-                yield UsageReport(len(prompt), position + 1)
-                if stop is not None:
-                    yield OutputFinished(0, pb.FINISH_REASON_STOP, stop)
-                    return
-            yield TokenDelta(0, [], matcher.flush())
-            yield OutputFinished(0, pb.FINISH_REASON_LENGTH)
+                step = tracker.add(token, piece(token), TokenRecord(token, piece(token)))
+                yield step.delta
+                yield UsageReport(len(prompt), tracker.generated)
+                if step.finish is not None:
+                    yield step.finish
         finally:
             self._running.discard(request.request_id)
 
