@@ -12,7 +12,7 @@ Every OpenEngine call passes through it once:
 3. Abort of ``all_requests`` is checked for the control scope once its request is parsed;
 4. the caller (its token's name, scope and peer) is bound for the core (``core.callers``), which
    gives a token only its own requests; a PERMISSION_DENIED is written to the audit record;
-5. the call's final status code is counted by RPC (``on_finished``).
+5. the call's final status code is counted by RPC, and by token name (``on_finished``).
 
 The handler it returns relays the servicer's messages through one thin async-generator
 layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
@@ -48,8 +48,9 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 _UnaryStream = Callable[[Any, _Context], AsyncIterator[object]]
 _UnaryUnary = Callable[[Any, _Context], Awaitable[object]]
 
-RpcFinished = Callable[[str, str], None]
-"""Called with the RPC name and its final status code name (``OK``, ``CANCELLED``...)."""
+RpcFinished = Callable[[str, str, str | None], None]
+"""Called with the RPC name, its final status code name (``OK``, ``CANCELLED``...) and the name of
+the token it presented (None without a valid one)."""
 
 AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora"})
 """RPCs whose caller is bound even without tokens, for the audit record."""
@@ -85,7 +86,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         max_request_bytes: int | None = None,
     ) -> None:
         self._auth = auth
-        self._on_finished = on_finished or (lambda _rpc, _code: None)
+        self._on_finished = on_finished or (lambda _rpc, _code, _token: None)
         self._max_bytes = max_request_bytes
         self._relays: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         """OpenEngine method -> its relaying handler, built on the method's first call."""
@@ -111,7 +112,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if auth is not None:
             error = auth.check(static_access(rpc), grant)
             if error is not None:
-                self._on_finished(rpc, error.status.name)
+                self._on_finished(rpc, error.status.name, grant.name if grant is not None else None)
                 return _rejecting(handler, error, rpc, grant)
             return _relaying(handler, rpc, self._on_finished, self._max_bytes, _Identity(auth, grant))
         if rpc in AUDITED_RPCS:
@@ -177,6 +178,7 @@ def _relaying(
     """The servicer's handler behind the size and decode guards and status counting; given
     ``identity``, the request-dependent scope check and the caller bound for the core."""
     parse = handler.request_deserializer
+    token = identity.grant.name if identity is not None and identity.grant is not None else None
 
     def deserialize(data: bytes) -> object:
         if max_bytes is not None and len(data) > max_bytes:
@@ -229,7 +231,7 @@ def _relaying(
                 code = _code(exc, context)
                 raise
             finally:
-                on_finished(rpc, code)
+                on_finished(rpc, code, token)
 
         return grpc.unary_stream_rpc_method_handler(
             stream, request_deserializer=deserialize, response_serializer=handler.response_serializer
@@ -246,7 +248,7 @@ def _relaying(
             code = _code(exc, context)
             raise
         finally:
-            on_finished(rpc, code)
+            on_finished(rpc, code, token)
 
     return grpc.unary_unary_rpc_method_handler(
         unary, request_deserializer=deserialize, response_serializer=handler.response_serializer

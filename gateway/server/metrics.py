@@ -6,6 +6,7 @@ health and load, the core's telemetry, the event hubs), so scraping never calls 
 and the streaming path never touches a Prometheus lock.
 
     openengine_gateway_requests_total{rpc,code}           RPCs by final gRPC status
+    openengine_gateway_token_requests_total{token,rpc,code}  the same, per token name (never the token)
     openengine_gateway_in_flight_requests                 accepted requests not yet ended
     openengine_gateway_token_in_flight_requests{token}    the same, per token name (never the token)
     openengine_gateway_engine_running_requests{model}     the engine's own running count
@@ -53,12 +54,20 @@ class MetricsExporter:
             ("rpc", "code"),
             registry=self.registry,
         )
+        self._token_requests = Counter(
+            f"{PREFIX}_token_requests",
+            "OpenEngine RPCs by the name of the token presented, method and final gRPC status",
+            ("token", "rpc", "code"),
+            registry=self.registry,
+        )
         self.registry.register(_GatewayCollector(gateway, tuple(token_names)))
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
-    def rpc_finished(self, rpc: str, code: str) -> None:
-        """Count one finished RPC (the interceptor's callback)."""
+    def rpc_finished(self, rpc: str, code: str, token: str | None = None) -> None:
+        """Count one finished RPC, and by its token's name when it had one (the interceptor's callback)."""
         self._requests.labels(rpc, code).inc()
+        if token is not None:
+            self._token_requests.labels(token, rpc, code).inc()
 
     def start(self, host: str, port: int, tls: TlsFiles | None = None) -> int:
         """Serve ``/metrics`` on ``host:port`` (0 picks a port), over HTTPS with ``tls`` (requiring a

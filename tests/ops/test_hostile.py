@@ -318,6 +318,10 @@ async def test_one_token_cannot_take_every_slot() -> None:
             return metrics.get_sample_value("openengine_gateway_token_in_flight_requests", {"token": name})
 
         assert (in_flight("alice"), in_flight("bob"), in_flight("operator")) == (2, 1, 0)
+        refusals = {"token": "alice", "rpc": "Generate", "code": "RESOURCE_EXHAUSTED"}
+        assert metrics.get_sample_value("openengine_gateway_token_requests_total", refusals) == 1
+        served_bob = {"token": "bob", "rpc": "Generate", "code": "OK"}
+        assert metrics.get_sample_value("openengine_gateway_token_requests_total", served_bob) == 1
         page = generate_latest(metrics).decode()
         assert all(token not in page for token in (ALICE, BOB, OPERATOR, ROUTER))
         for stream in streams:
