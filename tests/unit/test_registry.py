@@ -185,3 +185,34 @@ def test_an_id_whose_abort_is_pending_is_refused_as_still_aborting() -> None:
     ending.ended = True
     with pytest.raises(AlreadyExists, match="still aborting"):
         registry.admit(ActiveRequest("x", "generate", "m"))
+
+
+def test_each_owner_is_held_to_its_share_of_slots() -> None:
+    registry = RequestRegistry(max_in_flight=10, max_in_flight_per_owner=2)
+    alice = [ActiveRequest(f"a{n}", "generate", "m", owner="alice") for n in range(3)]
+    registry.admit(alice[0])
+    registry.admit(alice[1])
+    with pytest.raises(ResourceExhausted, match="this token is at its limit of 2") as refused:
+        registry.admit(alice[2])
+    assert refused.value.retry_after_ms == 100
+    registry.admit(ActiveRequest("b0", "generate", "m", owner="bob"))
+    registry.admit(ActiveRequest("anonymous", "generate", "m"))  # no owner: only the global limit
+    assert registry.owner_counts() == {"alice": 2, "bob": 1}
+    registry.release(alice[0])
+    registry.admit(alice[2])
+    for request in registry.in_flight():
+        registry.release(request)
+    assert registry.owner_counts() == {}
+
+
+def test_finished_ids_and_sessions_are_found_only_by_who_reaches_their_owner() -> None:
+    registry = RequestRegistry()
+    request = ActiveRequest("shared-id", "generate", "m", owner="alice")
+    registry.admit(request)
+    registry.release(request)
+    registry.remember_session("s1", "alice")
+    registry.remember_session("s1", "operator")  # the first owner stays
+    alice, bob = (lambda owner: owner == "alice"), (lambda owner: owner == "bob")
+    assert registry.recently_finished("shared-id", alice) and not registry.recently_finished("shared-id", bob)
+    assert registry.knows_session("s1", alice) and not registry.knows_session("s1", bob)
+    assert registry.recently_finished("shared-id") and registry.knows_session("s1")  # anyone: no tokens
