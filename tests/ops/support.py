@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +160,16 @@ async def wait_until(condition: Callable[[], bool], within_s: float = 5.0, what:
         await asyncio.sleep(0.01)
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now (for a server that takes a fixed port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def engine_idle(backend: MockBackend) -> bool:
     """The mock runs and queues nothing and no KV block is referenced, on every rank."""
     return all(not core.running and not core.waiting and core.kv.used == 0 for core in backend.cores)
 
 
-__all__ = ["CALLS", "OPEN", "Call", "engine_idle", "gateway", "mock", "outcome", "wait_until"]
+__all__ = ["CALLS", "OPEN", "Call", "engine_idle", "free_port", "gateway", "mock", "outcome", "wait_until"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from openengine_gateway.server.auth import TokenAuth
 from prometheus_client import generate_latest
 
 from tests.ops.raw_h2 import frame, never_reading, raw_call
-from tests.ops.support import CALLS, OPEN, engine_idle, gateway, outcome, wait_until
+from tests.ops.support import CALLS, OPEN, engine_idle, free_port, gateway, outcome, wait_until
 from tests.process import gateway_process
 
 TOKEN = "hostile-5ecret-d1stinct-41c9"
@@ -410,3 +411,36 @@ async def test_malformed_metadata_is_refused_cleanly_and_never_logged(
         assert answer[b"grpc-message"].startswith(b"Error parsing '"), answer
     assert "d1stinct" not in caplog.text
     assert "d1stinct" not in capfd.readouterr().err
+
+
+async def test_the_command_serves_named_tokens_in_three_scopes(tmp_path: Path) -> None:
+    """Token files with names, the observer scope and the per-token limit, from the real command line."""
+    files = {"inference": "alice alice-tok-1a2b3c\nbob bob-tok-4d5e6f\n", "control": "operator operator-tok-7a8b9c\n"}
+    files["observer"] = "router router-tok-0d1e2f\n"
+    for scope, text in files.items():
+        (tmp_path / scope).write_text(text)
+        (tmp_path / scope).chmod(0o600)
+    port = free_port()
+    args = ["--backend", "mock", "--metrics-port", str(port), "--max-in-flight-per-token", "1"]
+    args += ["--auth-token-file", "inference", "--control-token-file", "control", "--observer-token-file", "observer"]
+    async with gateway_process(*args, cwd=tmp_path) as process:
+        async with grpc.aio.insecure_channel(process.address) as channel:
+            stub = pb.OpenEngineStub(channel)
+            assert await stub.GetLoad(pb.GetLoadRequest(), metadata=_as(ROUTER), timeout=5) is not None
+            for token, expected in ((ROUTER, OPEN), (BOB, "PERMISSION_DENIED")):
+                call = next(call for call in CALLS if call.rpc == "SubscribeRuntimeEvents")
+                assert await outcome(stub, call, tmp_path, metadata=_as(token)) == expected
+            answer = await _abort_answer(stub, pb.AbortRequest(all_requests=pb.AllRequests()), ALICE)
+            assert answer[0] == "PERMISSION_DENIED"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return str(response.read().decode())
+
+        page = await asyncio.to_thread(scrape)
+        assert await process.stop() == 0
+    assert 'openengine_gateway_token_in_flight_requests{token="alice"} 0.0' in page
+    assert 'code="PERMISSION_DENIED",rpc="SubscribeRuntimeEvents",token="bob"' in page
+    log = process.log.read_text()
+    assert "audit: PERMISSION_DENIED on Abort by token 'alice'" in log
+    assert all(secret not in log + page for secret in (ALICE, BOB, OPERATOR, ROUTER))

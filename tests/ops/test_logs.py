@@ -14,7 +14,6 @@ import io
 import json
 import logging
 import re
-import socket
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from openengine_gateway.spi import EmbedCall, GenerationRequest, OutputFinished,
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.fakes import FakeBackend, scripted
+from tests.ops.support import free_port
 from tests.process import gateway_process
 
 TOKEN = "tok-d1stinct1ve-5ecret-7f3a9c"
@@ -165,12 +165,6 @@ def test_any_line_with_a_bearer_credential_is_blanked_whoever_logs_it() -> None:
         logging.getLogger("some.library").info("retrying with bearer %s", TOKEN)
     text = buffer.getvalue()
     assert "d1stinct1ve" not in text and text.count("Bearer <redacted>") + text.count("bearer <redacted>") == 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_the_command_logs_json_lines_and_serves_metrics(tmp_path: Path) -> None:
