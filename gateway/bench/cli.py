@@ -21,12 +21,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..client import ClientError
 from .errors import BenchError
-from .plots import require_matplotlib, write_plots
+from .plots import caption, require_matplotlib, write_plots
 from .prompts import load_prompts
 from .records import Target, distinct
 from .report import to_json, to_text
@@ -225,8 +226,15 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         folder = args.json.parent
         if args.json.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
             parser.error(f"--json {args.json}: not a file in a writable directory")
-    if args.report is not None and args.report.exists() and not args.report.is_dir():
-        parser.error(f"--report {args.report}: exists and is not a directory")
+    if args.report is not None:
+        if args.report.exists() and not args.report.is_dir():
+            parser.error(f"--report {args.report}: exists and is not a directory")
+        try:  # made now, as write_plots would make it: a path that cannot be one fails here, not after the run
+            args.report.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--report {args.report}: cannot create the directory ({error.strerror or error})")
+        if not os.access(args.report, os.W_OK | os.X_OK):
+            parser.error(f"--report {args.report}: not a writable directory")
 
 
 async def run(argv: Sequence[str]) -> int:
@@ -247,6 +255,7 @@ async def run(argv: Sequence[str]) -> int:
     targets = distinct(args.target)
     connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
     stop = asyncio.Event()
+    started = datetime.now(UTC)
     with _stop_on_interrupt(stop):
         runs = await benchmark(
             targets,
@@ -274,7 +283,7 @@ async def run(argv: Sequence[str]) -> int:
         print(f"OpenEngine benchmark: {_describe(spec, options)}")
         print(to_text(comparison))
     if args.report is not None:
-        written = write_plots(runs, args.report)
+        written = write_plots(runs, args.report, caption(runs, _describe(spec, options), started))
         where = sys.stderr if json_to_stdout else sys.stdout
         print(f"report: {', '.join(p.name for p in written)} in {args.report}", file=where)
     if stop.is_set():

@@ -2,13 +2,18 @@
 
 matplotlib is an optional extra (``pip install 'openengine-gateway[bench]'``), imported only
 here and only when a report is asked for; figures are drawn on the Agg canvas directly, without
-pyplot's global state, so no display is needed.
+pyplot's global state, so no display is needed. Every figure carries the run's settings (date,
+targets, load) under its plot, so a PNG read alone still says what it measured. Inter-token
+latency is drawn on a log axis: its gaps span orders of magnitude (coalesced tokens, a long tail),
+and on a linear axis nearly every sample sat in the first few percent of it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import textwrap
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,11 +25,12 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _CDFS = (
-    ("ttft", "Time to first token", "ttft_cdf.png"),
-    ("itl", "Inter-token latency (gap between token messages)", "itl_cdf.png"),
-    ("tpot", "Time per output token", "tpot_cdf.png"),
-    ("e2e", "End-to-end latency", "e2e_cdf.png"),
+    ("ttft", "Time to first token", "ttft_cdf.png", "linear"),
+    ("itl", "Inter-token latency (gap between token messages)", "itl_cdf.png", "log"),
+    ("tpot", "Time per output token", "tpot_cdf.png", "linear"),
+    ("e2e", "End-to-end latency", "e2e_cdf.png", "linear"),
 )
+"""Each CDF: the ``Samples`` field, the title, the file, and the scale of its milliseconds axis."""
 
 
 def require_matplotlib() -> None:
@@ -33,7 +39,14 @@ def require_matplotlib() -> None:
         raise ReportError("--report needs matplotlib: pip install 'openengine-gateway[bench]'")
 
 
-def _figure(title: str, xlabel: str, ylabel: str) -> Figure:
+def caption(runs: Sequence[TargetRun], workload: str, started: datetime) -> str:
+    """The run's settings in a few lines: when, against which targets, under which load."""
+    targets = ", ".join(run.target.label for run in runs)
+    line = f"{started:%Y-%m-%d %H:%M %Z} | targets: {targets} | {workload}"
+    return textwrap.fill(line, width=120)
+
+
+def _figure(title: str, xlabel: str, ylabel: str, settings: str) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -44,18 +57,20 @@ def _figure(title: str, xlabel: str, ylabel: str) -> Figure:
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
+    if settings:
+        figure.supxlabel(settings, fontsize=7, color="0.3")
     return figure
 
 
-def write_plots(runs: Sequence[TargetRun], directory: Path) -> list[Path]:
-    """Write the CDFs and the throughput plot of ``runs`` into ``directory``; the paths written."""
-    require_matplotlib()
-    directory.mkdir(parents=True, exist_ok=True)
+def figures(runs: Sequence[TargetRun], settings: str = "") -> dict[str, Figure]:
+    """The CDFs and the throughput plot of ``runs`` by file name, each captioned with ``settings``."""
     samples = [Samples.of(run.records) for run in runs]
-    written: list[Path] = []
-    for field, title, name in _CDFS:
-        figure = _figure(title, "milliseconds", "fraction of samples")
+    drawn: dict[str, Figure] = {}
+    for field, title, name, scale in _CDFS:
+        unit = "milliseconds (log scale)" if scale == "log" else "milliseconds"
+        figure = drawn[name] = _figure(title, unit, "fraction of samples", settings)
         axes = figure.axes[0]
+        axes.set_xscale(scale)
         for run, sample in zip(runs, samples, strict=True):
             values = sorted(v * 1000.0 for v in getattr(sample, field))
             if values:
@@ -63,16 +78,23 @@ def write_plots(runs: Sequence[TargetRun], directory: Path) -> list[Path]:
                 axes.step(values, fractions, where="post", label=run.target.label)
         if axes.has_data():
             axes.legend()
-        written.append(_save(figure, directory / name))
-    figure = _figure("Output throughput over time", "seconds since start", "output tokens/s")
+    figure = drawn["throughput.png"] = _figure(
+        "Output throughput over time", "seconds since start", "output tokens/s", settings
+    )
     axes = figure.axes[0]
     for run in runs:
         series = throughput_over_time([r for r in run.records if r.ok], run.duration_s)  # as the summary counts
         axes.plot([t for t, _ in series], [rate for _, rate in series], label=run.target.label)
     if axes.has_data():
         axes.legend()
-    written.append(_save(figure, directory / "throughput.png"))
-    return written
+    return drawn
+
+
+def write_plots(runs: Sequence[TargetRun], directory: Path, settings: str = "") -> list[Path]:
+    """Write ``figures(runs, settings)`` into ``directory``; the paths written."""
+    require_matplotlib()
+    directory.mkdir(parents=True, exist_ok=True)
+    return [_save(figure, directory / name) for name, figure in figures(runs, settings).items()]
 
 
 def _save(figure: Figure, path: Path) -> Path:
@@ -80,4 +102,4 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
-__all__ = ["require_matplotlib", "write_plots"]
+__all__ = ["caption", "figures", "require_matplotlib", "write_plots"]
