@@ -1,8 +1,11 @@
-"""docs/operations.md says what the code does: what each scope reaches, and every bound with its default."""
+"""docs/operations.md says what the code does: what each scope reaches, and every bound with its default;
+the README quotes the hostile-client module's test count."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from openengine_gateway.contract.bounds import FieldBounds
@@ -38,3 +41,16 @@ def test_every_bound_is_documented_with_its_default() -> None:
     for name in FieldBounds.__dataclass_fields__:
         row = rows[f"`--{name.replace('_', '-')}`"]
         assert int(row[1]) == getattr(FieldBounds(), name), name
+
+
+def test_the_readme_quotes_the_hostile_client_modules_test_count() -> None:
+    root = Path(__file__).parents[2]
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/ops/test_hostile.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    count = int(re.search(r"(\d+) tests? collected", collected).group(1))  # type: ignore[union-attr]
+    assert f"(`tests/ops/test_hostile.py`, {count} tests)" in (root / "README.md").read_text()
