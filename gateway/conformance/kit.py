@@ -165,8 +165,14 @@ class Target:
         return self.prompt(max_tokens=max(budget, 1), ignore_eos=True, **options)
 
     async def run(self, request: pb.GenerateRequest) -> Stream:
-        """Run a Generate call to its end (a non-OK status raises ``StatusError``)."""
-        return Stream(request, await self.collect(request))
+        """Run a Generate call to its end (a non-OK status raises ``StatusError``). A KV session a
+        prefill hands over is aborted when the rule ends: no decode will pull it."""
+        stream = Stream(request, await self.collect(request))
+        last = stream.messages[-1] if stream.messages else None
+        if last is not None and last.HasField("prefill_ready") and last.prefill_ready.kv_session.session_id:
+            release = pb.AbortRequest(kv_session=last.prefill_ready.kv_session)
+            self.on_exit(lambda: self.client.abort(release))
+        return stream
 
     def open_call(self, request: pb.GenerateRequest) -> OpenCall:
         """Start a Generate call that the check reads at its own pace."""

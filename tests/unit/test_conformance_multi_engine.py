@@ -1,5 +1,6 @@
 """The conformance kit against an endpoint of two engines: every rule holds for each model, and no
-rule leaves state behind (LoRA RPCs are endpoint-wide; ranks are the endpoint's, not the engine's)."""
+rule leaves state behind, an adapter or a KV session (LoRA RPCs are endpoint-wide; ranks are the
+endpoint's, not the engine's)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import pytest
 from openengine_backends.mock import MockBackend, MockSettings
 from openengine_gateway import pb
 from openengine_gateway.client import OpenEngineClient
-from openengine_gateway.conformance import CheckFailed, Outcome, Rule, Target, all_rules, run_rule
+from openengine_gateway.conformance import (
+    CheckFailed,
+    Outcome,
+    Rule,
+    Target,
+    all_rules,
+    in_process_target,
+    run_rule,
+)
 from openengine_gateway.testing import serve_backends
 
 MODELS = ("plain", "lora")
@@ -83,3 +92,12 @@ async def test_a_rule_that_fails_after_loading_an_adapter_leaves_none(client: Op
     result = await run_rule(Rule("test.leaves-nothing", "tests", "a check", check), target)
     assert result.outcome is Outcome.FAILED
     assert list(await client.list_loras()) == []
+
+
+async def test_no_rule_leaves_a_prefilled_kv_session_behind() -> None:
+    """A prefill's session waits for a decode that never comes: the kit aborts it when the rule ends."""
+    async with in_process_target(_mock(role="prefill"), timeout_s=30.0) as target:
+        for rule in all_rules():
+            await run_rule(rule, target)
+            load = await target.client.load()
+            assert load.active_kv_sessions == 0, f"{rule.id} left a KV session open"

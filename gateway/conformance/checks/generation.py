@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import grpc
 
 from ... import pb
-from ...client import StatusError
 from ..kit import CheckFailed, NotApplicable, Target, rule
 from ..observe import Stream
 
@@ -349,17 +346,11 @@ async def prefill_ready_terminal(target: Target) -> None:
     kinds = [m.WhichOneof("event") for m in stream.messages]
     if kinds[-1:] != ["prefill_ready"] or "token" in kinds or "finished" in kinds:
         raise CheckFailed(f"a prefill stream has events {kinds}; expected PrefillReady last and no decode output")
-    session = stream.last.prefill_ready.kv_session
-    try:
-        if not session.session_id:
-            raise CheckFailed("PrefillReady carries no kv_session.session_id")
-        if kinds.count("prefill_ready") != 1:
-            raise CheckFailed("more than one PrefillReady")
-        stream.usage  # noqa: B018 - raises when PrefillReady has no usage
-    finally:
-        if session.session_id:  # release the session this check made
-            with contextlib.suppress(StatusError):
-                await target.client.abort(pb.AbortRequest(kv_session=session))
+    if not stream.last.prefill_ready.kv_session.session_id:
+        raise CheckFailed("PrefillReady carries no kv_session.session_id")
+    if kinds.count("prefill_ready") != 1:
+        raise CheckFailed("more than one PrefillReady")
+    stream.usage  # noqa: B018 - raises when PrefillReady has no usage
 
 
 __all__: list[str] = []
