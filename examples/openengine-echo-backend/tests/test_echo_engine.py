@@ -70,6 +70,8 @@ async def test_invalid_requests_are_refused_before_acceptance(engine: EchoBacken
         engine.generate(GenerationRequest("r", "echo", prompt_token_ids=[65, 0xD800]))
     with pytest.raises(InvalidArgument, match="context"):
         engine.generate(GenerationRequest("r", "echo", prompt="x" * 64))
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):  # the gateway does not know its size
+        engine.generate(GenerationRequest("r", "echo", prompt="x", stopping=Stopping(stop_token_ids=(0x110000,))))
 
 
 def test_settings_name_the_offending_key() -> None:

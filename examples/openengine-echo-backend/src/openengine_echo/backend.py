@@ -31,6 +31,8 @@ from .settings import EchoSettings
 
 EOS = 0
 """The end-of-sequence token; every other token id is a Unicode code point."""
+VOCAB_SIZE = 0x110000
+"""Token ids run from EOS to the last code point; the gateway does not know it, so the driver checks ids."""
 
 
 def piece(token: int) -> str:
@@ -44,7 +46,7 @@ def tokenize(request: GenerationRequest) -> list[int]:
         ids = [ord(character) for character in request.prompt]
     else:
         ids = list(request.prompt_token_ids or ())
-    bad = [t for t in ids if t == EOS or t > 0x10FFFF or 0xD800 <= t <= 0xDFFF]
+    bad = [t for t in ids if t == EOS or t >= VOCAB_SIZE or 0xD800 <= t <= 0xDFFF]
     if bad:
         raise InvalidArgument(f"token ids {bad[:4]} are not characters: the echo vocabulary is Unicode code points")
     return ids
@@ -76,6 +78,9 @@ class EchoBackend(Backend):
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Validate now; echo later."""
         prompt = tokenize(request)
+        outside = [t for t in request.stopping.stop_token_ids if t >= VOCAB_SIZE]
+        if outside:
+            raise InvalidArgument(f"stop token id {outside[0]} is outside the vocabulary ({VOCAB_SIZE} tokens)")
         budget = resolve_max_tokens(
             request, len(prompt), self.options.max_context_length, self.options.max_context_length - 1
         )
@@ -112,4 +117,4 @@ class EchoBackend(Backend):
         return pb.LoadInfo(running_requests=len(self._running), queued_requests=0)
 
 
-__all__ = ["EOS", "EchoBackend", "piece", "tokenize"]
+__all__ = ["EOS", "VOCAB_SIZE", "EchoBackend", "piece", "tokenize"]
