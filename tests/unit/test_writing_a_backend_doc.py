@@ -4,11 +4,25 @@ sampling values, the pytest settings the example uses, the encoder's rules on em
 from __future__ import annotations
 
 import tomllib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from openengine_gateway import pb
 from openengine_gateway.contract.stream import GenerateEncoder
-from openengine_gateway.spi import OutputFinished, Sampling, StopMatch, TokenDelta, TokenRecord, UsageReport
+from openengine_gateway.spi import (
+    Backend,
+    BackendSettings,
+    EngineFacts,
+    GenerationEvent,
+    GenerationRequest,
+    OutputFinished,
+    Sampling,
+    StopMatch,
+    TokenDelta,
+    TokenRecord,
+    UsageReport,
+)
+from openengine_gateway.testing import serve_backends
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "writing-a-backend.md").read_text()
@@ -67,3 +81,36 @@ def test_the_final_finish_carries_the_last_usage_report_before_it() -> None:
     encoder.encode(UsageReport(3, 2))  # a dropped stop token counted too: more than the records sent
     final = encoder.encode(OutputFinished(0, pb.FINISH_REASON_STOP, StopMatch.token(9)))
     assert final is not None and final.usage.completion_tokens == 2 and encoder.done
+
+
+class _LateUsage(Backend):
+    """Reports usage once before its final finish, and again after it."""
+
+    name = "late-usage"
+    Settings = BackendSettings
+
+    async def start(self) -> EngineFacts:
+        return EngineFacts("late-usage", "1", pb.ModelInfo(max_context_length=64, supports_token_ids_input=True))
+
+    async def stop(self) -> None:
+        return None
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[GenerationEvent]:
+        yield TokenDelta(0, [TokenRecord(5)], "a")
+        yield UsageReport(3, 1)
+        yield OutputFinished(0, pb.FINISH_REASON_LENGTH)
+        yield UsageReport(3, 99)  # after the final event: never read
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+
+async def test_a_usage_report_after_the_final_finish_is_not_read() -> None:
+    async with serve_backends([("late", _LateUsage(BackendSettings()))]) as running:
+        request = pb.GenerateRequest(request_id="r", model="late", token_ids=pb.TokenIds(ids=[1, 2, 3]))
+        messages = [message async for message in running.stub.Generate(request)]
+    assert [m.WhichOneof("event") for m in messages] == ["token", "finished"]
+    assert messages[-1].usage.completion_tokens == 1
