@@ -17,6 +17,7 @@ from openengine_gateway.engines import ConfigurationError
 from openengine_gateway.launch import plan_engines
 
 from tests.process import gateway_process
+from tests.root_log import root_lines
 
 from ..fake_serving import serving
 from . import fake_engine
@@ -41,21 +42,12 @@ async def test_the_testing_kit_refuses_it_too_before_anything_starts(fake: types
 
 async def test_the_gateways_logging_survives_sglangs_start(fake: types.ModuleType) -> None:
     """SGLang's ``configure_logger`` replaces the root logger's handlers and sets "error" unless told."""
-    root = logging.getLogger()
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
+    with root_lines(logging.INFO) as captured:
         async with serving(sglang()):
             logging.getLogger("openengine_backends.sglang").info("after the start")
-        assert handler in root.handlers and root.level == logging.INFO
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-    assert "after the start" in lines
+        root = logging.getLogger()
+        assert captured in root.handlers and root.level == logging.INFO
+    assert "after the start" in captured.lines
     assert fake_engine.ENGINES[0].server_args["log_level"] == "info", "SGLang logs at the operator's level"
 
 

@@ -18,6 +18,7 @@ from openengine_gateway.testing import serve_backends
 from tests.engines.streams import MODEL, generate_request
 from tests.process import gateway_process
 from tests.responses import collect, finished
+from tests.root_log import root_lines
 
 from .conftest import option_flags, server_options
 
@@ -49,19 +50,10 @@ async def test_sigterm_ends_a_real_sglang_gateway_with_exit_0_and_no_process_lef
 
 
 async def test_the_gateways_logging_survives_a_real_sglang_start(tiny_model: Path) -> None:
-    root = logging.getLogger()
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
     options = {k: v for k, v in server_options().items() if k != "log_level"}
-    try:
+    with root_lines(logging.INFO) as captured:
         async with serve_backends([(MODEL, SglangBackend(SglangSettings(model=str(tiny_model), **options)))]):
             logging.getLogger("openengine_backends.sglang").info("after the start")
-            assert handler in root.handlers and root.level == logging.INFO
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-    assert "after the start" in lines
+            root = logging.getLogger()
+            assert captured in root.handlers and root.level == logging.INFO
+    assert "after the start" in captured.lines
