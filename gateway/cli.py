@@ -37,7 +37,7 @@ from .core.gateway import Gateway, GatewayOptions
 from .engines import ConfigurationError
 from .launch import EngineStartError, start_engines
 from .plugins import PluginError, installed_backends
-from .server.app import GatewayServer, ServerOptions
+from .server.app import GatewayServer, ServerOptions, reserved
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
 
@@ -220,7 +220,8 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
 
 
 async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    """Start engines and the server; stop gracefully on SIGINT/SIGTERM (one during startup stops
+    """Hold the ports, start engines, then serve (a port in use is reported before any engine loads);
+    stop gracefully on SIGINT/SIGTERM (one during startup stops
     the gateway once it has started, so that no engine is left half started, or quietly when the
     signal also stopped the engine starting)."""
     stop = asyncio.Event()
@@ -263,21 +264,21 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         lora_roots=tuple(section.lora_roots),
         advertise_host=section.advertise_host or _routable(section.host),
     )
-    server_options = _server_options(section)
     drain_timeout = section.drain_timeout_s
-    try:
-        engines = await start_engines(sections, config, command_line=args.backend is not None)
-    except EngineStartError as exc:
-        if not stop.is_set():
+    with reserved(_server_options(section)) as server_options:  # a port in use is refused before engines load
+        try:
+            engines = await start_engines(sections, config, command_line=args.backend is not None)
+        except EngineStartError as exc:
+            if not stop.is_set():
+                raise
+            log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
+            return 0
+        server = GatewayServer(Gateway(engines, options), server_options)
+        try:
+            await server.start()
+        except BaseException:
+            await server.gateway.stop()
             raise
-        log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
-        return 0
-    server = GatewayServer(Gateway(engines, options), server_options)
-    try:
-        await server.start()
-    except BaseException:
-        await server.gateway.stop()
-        raise
     log.debug("froze %d objects left by startup out of garbage collection", freeze_startup_objects())
     names = ", ".join(f"{e.served_name} ({e.facts.engine_name} {e.facts.engine_version})" for e in engines)
     tls = server_options.tls

@@ -2,18 +2,22 @@
 
 Covers the paths only a process has: plugin discovery through installed entry points (a
 third-party distribution included), the ``[plugins] allow`` list, flags to driver options, the
-startup line, fan-out from one gateway process to another, and a graceful stop with exit 0.
+startup line, fan-out from one gateway process to another, a graceful stop with exit 0, and the
+usage errors (exit 2) that must come before any engine starts.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 from openengine_gateway.client import OpenEngineClient, text_request
 from openengine_gateway.plugins import installed_backends
 
-from tests.process import gateway_process
+from tests.process import command, gateway_process
 
 
 async def test_serves_mock_and_stops_gracefully(tmp_path: Path) -> None:
@@ -60,3 +64,20 @@ async def test_fan_out_to_a_gateway_in_another_process(tmp_path: Path) -> None:
             assert completion.outputs[0].token_ids == direct.outputs[0].token_ids
             assert await front.stop() == 0
         assert await back.stop() == 0
+
+
+def run_command(*args: str, cwd: Path, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """The command to its exit, its output captured (for the ones that must fail before serving)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENENGINE_GATEWAY_CONFIG"}
+    return subprocess.run([*command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_port_in_use_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = run_command("--backend", "mock", "--port", str(port), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"openengine-gateway: error: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "starting mock engine" not in result.stderr

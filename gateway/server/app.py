@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -57,6 +60,46 @@ class ServerOptions:
     page names models, token names and load, and takes no token)."""
     metrics_tls: bool = False
     """Serve metrics over HTTPS with ``tls``'s certificate (and its client CA: mutual TLS)."""
+
+
+@contextlib.contextmanager
+def reserved(options: ServerOptions) -> Iterator[ServerOptions]:
+    """Hold the gRPC and metrics ports from now until the block ends; yields ``options`` with each
+    port 0 resolved to the one held.
+
+    An engine can take minutes to load: a port already in use is refused here, before it starts.
+    Each port is bound (with SO_REUSEADDR) but not listened on, so a client meanwhile is refused
+    rather than left waiting, and the server's own bind inside the block takes it over with no
+    window for another process to take it (one that also asks SO_REUSEADDR, such as a second
+    gateway starting at the same moment, is refused at its own listen instead). Raises
+    ``OSError`` naming the address.
+    """
+    with contextlib.ExitStack() as held:
+        port = held.enter_context(_hold(options.host, options.port, "cannot listen on"))
+        metrics_port = options.metrics_port
+        if metrics_port is not None:
+            metrics_port = held.enter_context(_hold(options.metrics_host, metrics_port, "cannot serve metrics on"))
+        yield dataclasses.replace(options, port=port, metrics_port=metrics_port)
+
+
+@contextlib.contextmanager
+def _hold(host: str, port: int, what: str) -> Iterator[int]:
+    """Bind ``host:port`` without listening for the block; yields the bound port."""
+    address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise OSError(f"{what} {address}: {exc.strerror or exc}") from None
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's and the metrics' listeners do
+        try:
+            sock.bind(where)
+        except OSError as exc:
+            raise OSError(f"{what} {address}: {exc.strerror or exc}") from None
+        yield int(sock.getsockname()[1])
 
 
 class GatewayServer:
@@ -148,4 +191,4 @@ class GatewayServer:
         await self._server.wait_for_termination()
 
 
-__all__ = ["GatewayServer", "ServerOptions", "transport_limit"]
+__all__ = ["GatewayServer", "ServerOptions", "reserved", "transport_limit"]
