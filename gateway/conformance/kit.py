@@ -56,6 +56,7 @@ class Target:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _greedy: dict[int, Stream] = field(default_factory=dict)
     _undo: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+    _ranks: tuple[int, ...] = ()
 
     @classmethod
     async def open(cls, client: OpenEngineClient, model: str = "", *, timeout_s: float = 60.0) -> Target:
@@ -78,8 +79,13 @@ class Target:
         An endpoint of several engines gives each model a block of one shared rank space, so
         EngineInfo's ranks are every model's together; this gateway lists a model's own block in
         GetLoad's ``attributes["<served name>.ranks"]``. Without that attribute (one engine, or
-        another server), EngineInfo's ranks.
+        another server), EngineInfo's ranks. Asked once per target: ranks do not move.
         """
+        if not self._ranks:
+            self._ranks = await self._model_ranks()
+        return self._ranks
+
+    async def _model_ranks(self) -> tuple[int, ...]:
         load = await self.client.load()
         listed = load.attributes.get(f"{self.model_info.served_model_name or self.model}.ranks")
         if listed:

@@ -61,6 +61,13 @@ async def test_lora_generate_disabled_still_holds_per_model(client: OpenEngineCl
     assert result.outcome is Outcome.PASSED, result.message
 
 
+@pytest.mark.parametrize(("model", "ranks"), [("plain", (0,)), ("lora", (1, 2))])
+async def test_a_models_ranks_are_its_block_of_the_endpoints(
+    client: OpenEngineClient, model: str, ranks: tuple[int, ...]
+) -> None:
+    assert await (await _target(client, model)).data_parallel_ranks() == ranks
+
+
 @pytest.mark.parametrize("rule_id", ["kv.sequence-numbers", "kv.replay"])
 @pytest.mark.parametrize("model", MODELS)
 async def test_kv_rules_watch_the_chosen_models_ranks(client: OpenEngineClient, model: str, rule_id: str) -> None:
