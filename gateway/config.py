@@ -118,6 +118,17 @@ def _describe(error: ValidationError, source: str, origins: Mapping[str, str] | 
     return "\n".join(lines)
 
 
+def looks_like_path(model: str) -> bool:
+    """Whether a model value can only be a filesystem path, never a hub id.
+
+    A hub id is ``name`` or ``owner/name`` and cannot start with ``/``, ``~`` or ``.``; so a value
+    that starts with one of them (``/m``, ``~/m``, ``./m``, ``../m``, ``.models/m``) or has more
+    than one ``/`` is a path. Anything else (``gpt2``, ``org/model``) is left to the engine to
+    find, locally or on the hub.
+    """
+    return model.startswith(("/", "~", ".")) or model.count("/") > 1
+
+
 def load_config(path: Path | None) -> Config:
     """Read and validate ``path``; no path means every default."""
     if path is None:
@@ -168,5 +179,6 @@ __all__ = [
     "PluginsSection",
     "engine_settings",
     "load_config",
+    "looks_like_path",
     "with_flags",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from .config import Config, ConfigError, EngineSection, engine_settings
+from .config import Config, ConfigError, EngineSection, engine_settings, looks_like_path
 from .engines import ConfigurationError, Engine, EngineSet, check_exclusive
 from .plugins import PluginError, installed_backends, load_backend
 from .spi.backend import Backend
@@ -43,6 +44,7 @@ def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_l
         defaults = config.backends.get(section.backend, {})
         origins = {key: f"[backends.{section.backend}]" for key in defaults if key not in section.options}
         settings = engine_settings(driver.Settings, {**defaults, **section.options}, f"{label} options", origins)
+        _check_model_path(settings.model, label)
         served = section.served_model_name or settings.model or section.backend
         for kind, name in (("name", served), *(("alias", alias) for alias in section.aliases)):
             if name in names:
@@ -51,6 +53,13 @@ def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_l
         planned.append(_Planned(section, driver(settings), served, label))
     check_exclusive([(plan.label, plan.backend) for plan in planned])
     return planned
+
+
+def _check_model_path(model: str, label: str) -> None:
+    """A model that is a path must exist: said now, not as the hub's complaint about the id it is not."""
+    if looks_like_path(model) and not Path(model).expanduser().exists():
+        where = "" if Path(model).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
+        raise ConfigError(f"{label}: model path {model!r} does not exist{where}")
 
 
 def _check_backend_tables(config: Config) -> None:

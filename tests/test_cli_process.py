@@ -81,3 +81,10 @@ def test_a_port_in_use_is_refused_before_any_engine_starts(tmp_path: Path) -> No
     assert result.returncode == 2
     assert f"openengine-gateway: error: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
     assert "starting mock engine" not in result.stderr
+
+
+def test_a_model_path_that_does_not_exist_is_named_before_any_engine_starts(tmp_path: Path) -> None:
+    result = run_command("--backend", "mock", "--model", "./no-such-model", "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"model path './no-such-model' does not exist (relative to {tmp_path})" in result.stderr
+    assert "starting mock engine" not in result.stderr
