@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from . import logs
-from .config import Config, ConfigError, EngineSection, GatewaySection, load_config, with_flags
+from .config import Config, ConfigError, EngineSection, GatewaySection, did_you_mean, load_config, with_flags
 from .core.gateway import Gateway, GatewayOptions
 from .engines import ConfigurationError
 from .launch import EngineStartError, start_engines
-from .plugins import PluginError, installed_backends
+from .plugins import PluginError, installed_backends, missing_packages
 from .server.app import GatewayServer, ServerOptions, reserved
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
@@ -164,7 +164,9 @@ def _config_path(explicit: Path | None) -> Path | None:
 
 def _engine_sections(args: argparse.Namespace, extra: Sequence[str], config: Config) -> list[EngineSection]:
     if args.backend is None:
-        if extra or args.model or args.served_model_name or args.alias:
+        if extra:
+            raise ConfigError(_unknown_options(extra))
+        if args.model or args.served_model_name or args.alias:
             raise ConfigError("--model, --served-model-name, --alias and driver options need --backend")
         return list(config.engines)
     options = parse_driver_flags(extra)
@@ -178,6 +180,20 @@ def _engine_sections(args: argparse.Namespace, extra: Sequence[str], config: Con
             options=options,
         )
     ]
+
+
+def _unknown_options(extra: Sequence[str]) -> str:
+    """Options that are no gateway flag, with no --backend to take them as its own: a typo, most likely."""
+    lines = ["unknown options (driver options need --backend):"]
+    for option in (token.partition("=")[0] for token in extra if token.startswith("-")):
+        hint = did_you_mean(option, gateway_flags())
+        lines.append(f"  {option}{': ' + hint if hint else ''}")
+    return "\n".join(lines)
+
+
+def gateway_flags() -> list[str]:
+    """Every ``--flag`` the gateway itself takes (a driver's options are the rest)."""
+    return [flag for action in _parser()._actions for flag in action.option_strings if flag.startswith("--")]
 
 
 def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection:
@@ -267,7 +283,9 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     drain_timeout = section.drain_timeout_s
     with reserved(_server_options(section)) as server_options:  # a port in use is refused before engines load
         try:
-            engines = await start_engines(sections, config, command_line=args.backend is not None)
+            engines = await start_engines(
+                sections, config, command_line=args.backend is not None, gateway_flags=gateway_flags()
+            )
         except EngineStartError as exc:
             if not stop.is_set():
                 raise
@@ -359,14 +377,16 @@ def _routable(host: str) -> str:
 
 
 def list_backends() -> int:
-    """Print installed backends with their distributions and versions."""
+    """Print installed backends with their distributions and versions, and why one cannot start here."""
     backends = installed_backends()
     if not backends:
         print("no backends installed")
         return 1
     width = max(len(b.name) for b in backends)
     for backend in backends:
-        print(f"{backend.name:<{width}}  {backend.distribution} {backend.version}  ({backend.target})")
+        missing = missing_packages(backend)
+        status = f"  cannot start here: needs {', '.join(missing)}; {backend.install_hint}" if missing else ""
+        print(f"{backend.name:<{width}}  {backend.distribution} {backend.version}  ({backend.target}){status}")
     return 0
 
 

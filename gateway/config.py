@@ -24,8 +24,9 @@ by the driver's settings model; every error names the offending key.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -106,14 +107,20 @@ class Config(_Strict):
     engines: list[EngineSection] = []
 
 
-def _describe(error: ValidationError, source: str, origins: Mapping[str, str] | None = None) -> str:
-    """One line per error, naming its key (and, from ``origins``, where a key was set)."""
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``did you mean 'X'?`` for the choice closest to a misspelt ``word``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _describe(error: ValidationError, source: str, notes: Mapping[str, str] | None = None) -> str:
+    """One line per error, naming its key (with its note from ``notes``: where it was set, what it may mean)."""
     lines = [f"{source}: invalid configuration"]
     for item in error.errors():
         loc = item["loc"]
         message = item["msg"].removeprefix("Value error, ")
-        origin = (origins or {}).get(str(loc[0])) if loc else None
-        where = f" (set in {origin})" if origin else ""
+        note = (notes or {}).get(str(loc[0])) if loc else None
+        where = f" ({note})" if note else ""
         lines.append(f"  {'.'.join(str(part) for part in loc)}: {message}{where}" if loc else f"  {message}")
     return "\n".join(lines)
 
@@ -161,14 +168,14 @@ def engine_settings(
     settings_model: type[BackendSettings],
     options: Mapping[str, Any],
     source: str,
-    origins: Mapping[str, str] | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> BackendSettings:
-    """Validate a driver's options with its own settings model; errors name the key, and where
-    it was set when ``origins`` says (an option from ``[backends.NAME]`` rather than the engine's)."""
+    """Validate a driver's options with its own settings model; errors name the key, with its note
+    from ``notes`` when it has one (``set in [backends.NAME]``, ``did you mean '--port'?``)."""
     try:
         return settings_model.model_validate(dict(options))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source, origins)) from None
+        raise ConfigError(_describe(exc, source, notes)) from None
 
 
 __all__ = [
@@ -177,6 +184,7 @@ __all__ = [
     "EngineSection",
     "GatewaySection",
     "PluginsSection",
+    "did_you_mean",
     "engine_settings",
     "load_config",
     "looks_like_path",

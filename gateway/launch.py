@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .config import Config, ConfigError, EngineSection, engine_settings, looks_like_path
+from .config import Config, ConfigError, EngineSection, did_you_mean, engine_settings, looks_like_path
 from .engines import ConfigurationError, Engine, EngineSet, check_exclusive
 from .plugins import PluginError, installed_backends, load_backend
-from .spi.backend import Backend
+from .spi.backend import Backend, BackendSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,16 @@ class _Planned:
     label: str
 
 
-def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> list[_Planned]:
+def plan_engines(
+    sections: Sequence[EngineSection],
+    config: Config,
+    *,
+    command_line: bool = False,
+    gateway_flags: Collection[str] = (),
+) -> list[_Planned]:
     """Load drivers and validate options and names before anything starts; errors name the engine
-    (``engines[i]`` of the file, or ``--backend NAME`` for the command line's one)."""
+    (``engines[i]`` of the file, or ``--backend NAME`` for the command line's one) and, for an
+    unknown option, the closest known one (the command line's among ``gateway_flags`` too)."""
     if not sections:
         raise ConfigurationError("no engine to serve: pass --backend, or add [[engines]] to plugins.toml")
     _check_backend_tables(config)
@@ -42,8 +50,8 @@ def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_l
         except PluginError as exc:
             raise PluginError(f"{label}: {exc}") from None
         defaults = config.backends.get(section.backend, {})
-        origins = {key: f"[backends.{section.backend}]" for key in defaults if key not in section.options}
-        settings = engine_settings(driver.Settings, {**defaults, **section.options}, f"{label} options", origins)
+        notes = _notes(driver.Settings, section, defaults, gateway_flags if command_line else None)
+        settings = engine_settings(driver.Settings, {**defaults, **section.options}, f"{label} options", notes)
         _check_model_path(settings.model, label)
         served = section.served_model_name or settings.model or section.backend
         for kind, name in (("name", served), *(("alias", alias) for alias in section.aliases)):
@@ -53,6 +61,36 @@ def plan_engines(sections: Sequence[EngineSection], config: Config, *, command_l
         planned.append(_Planned(section, driver(settings), served, label))
     check_exclusive([(plan.label, plan.backend) for plan in planned])
     return planned
+
+
+def _notes(
+    settings_model: type[BackendSettings],
+    section: EngineSection,
+    defaults: Mapping[str, Any],
+    gateway_flags: Collection[str] | None,
+) -> dict[str, str]:
+    """Per option, what its error adds: where it was set (``[backends.NAME]`` rather than the
+    engine's options) and, when the driver has no such option, the closest one it has, as a flag
+    beside the gateway's own flags for the command line (``--prot``: ``did you mean '--port'?``)."""
+    fields = settings_model.model_fields
+    notes: dict[str, list[str]] = {}
+    for key in defaults:
+        if key not in section.options:
+            notes.setdefault(key, []).append(f"set in [backends.{section.backend}]")
+    for key in {**defaults, **section.options}:
+        if key in fields:
+            continue
+        if gateway_flags is None:
+            hint = did_you_mean(key, fields)
+        else:
+            hint = did_you_mean(_flag(key), [*gateway_flags, *map(_flag, fields)])
+        if hint:
+            notes.setdefault(key, []).append(hint)
+    return {key: "; ".join(parts) for key, parts in notes.items()}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 def _check_model_path(model: str, label: str) -> None:
@@ -79,12 +117,19 @@ def _start_error(plan: _Planned, exc: BaseException) -> EngineStartError:
     return EngineStartError(f"engine {name} failed to start: {type(exc).__name__}: {exc}")
 
 
-async def start_engines(sections: Sequence[EngineSection], config: Config, *, command_line: bool = False) -> EngineSet:
-    """Start every configured engine; on any failure stop the ones already started."""
+async def start_engines(
+    sections: Sequence[EngineSection],
+    config: Config,
+    *,
+    command_line: bool = False,
+    gateway_flags: Collection[str] = (),
+) -> EngineSet:
+    """Start every configured engine (planned as ``plan_engines`` says); on any failure stop the
+    ones already started."""
     started: list[Engine] = []
     running: list[_Planned] = []  # started backends, including one whose facts are then refused
     try:
-        for plan in plan_engines(sections, config, command_line=command_line):
+        for plan in plan_engines(sections, config, command_line=command_line, gateway_flags=gateway_flags):
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
             try:
                 facts = await plan.backend.start()

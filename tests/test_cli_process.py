@@ -88,3 +88,11 @@ def test_a_model_path_that_does_not_exist_is_named_before_any_engine_starts(tmp_
     assert result.returncode == 2
     assert f"model path './no-such-model' does not exist (relative to {tmp_path})" in result.stderr
     assert "starting mock engine" not in result.stderr
+
+
+def test_an_unknown_backend_is_unknown_first_even_outside_the_allow_list(tmp_path: Path) -> None:
+    (tmp_path / "plugins.toml").write_text('[plugins]\nallow = ["mock"]\n')
+    result = run_command("--backend", "mokc", "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown backend 'mokc' (did you mean 'mock'?); installed backends: " in result.stderr
+    assert "not allowed" not in result.stderr

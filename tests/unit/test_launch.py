@@ -90,7 +90,7 @@ def test_an_option_from_backend_defaults_is_named_where_it_was_set(loaded: objec
     with pytest.raises(ConfigError) as raised:
         launch.plan_engines([EngineSection(backend="fake", options={"seed": "x"})], config)
     lines = {line.split(":")[0].strip(): line for line in raised.value.args[0].splitlines()[1:]}
-    assert lines["sede"] == "  sede: Extra inputs are not permitted (set in [backends.fake])"
+    assert lines["sede"] == "  sede: Extra inputs are not permitted (set in [backends.fake]; did you mean 'seed'?)"
     assert lines["seed"].startswith("  seed: Input should be a valid integer") and "(set in" not in lines["seed"]
 
 

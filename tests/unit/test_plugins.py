@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import stevedore._cache
-from openengine_gateway.plugins import GROUP, PluginError, installed_backends, load_backend
+from openengine_gateway.plugins import GROUP, PluginError, installed_backends, load_backend, missing_packages
 from openengine_gateway.spi import Backend
 from stevedore import ExtensionManager
 
@@ -64,6 +64,11 @@ DISTRIBUTIONS = {
     """,
 }
 
+REQUIRES = {
+    # The extra of the backend's name holds what its engine needs (the distribution's module is there).
+    "oe_plugins_main": ['turbo-engine>=2; extra == "good"', f'{PACKAGE}; extra == "good"', 'pytest; extra == "dev"'],
+}
+
 
 @pytest.fixture
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -76,7 +81,8 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         name, version = dist.rsplit("-", 1)
         info = tmp_path / f"{dist}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        requires = "".join(f"Requires-Dist: {line}\n" for line in REQUIRES.get(name, ()))
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}")
         (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
     monkeypatch.syspath_prepend(str(tmp_path))
     # stevedore caches entry points per process and on disk: give this test its own caches.
@@ -113,6 +119,19 @@ def test_unknown_backend_lists_installed_ones(plugins: Path) -> None:
         load_backend("nope")
     for name in ("broken", "dup", "good", "notabackend", "old"):
         assert name in raised.value.args[0]
+
+
+def test_an_unknown_backend_is_unknown_before_it_is_not_allowed_with_the_closest_name(plugins: Path) -> None:
+    with pytest.raises(PluginError, match=r"unknown backend 'godo' \(did you mean 'good'\?\); installed backends: "):
+        load_backend("godo", allowed=["good"])
+
+
+def test_what_a_backend_s_engine_lacks_here_is_found_without_importing(plugins: Path) -> None:
+    backends = {b.name: b for b in installed_backends()}
+    assert missing_packages(backends["good"]) == ("turbo-engine",)  # its own module is importable, not imported
+    assert f"{PACKAGE}.good" not in sys.modules
+    assert backends["good"].install_hint == "pip install 'oe_plugins_main[good]'"
+    assert missing_packages(backends["old"]) == ()  # no extra of its name: nothing known to lack
 
 
 def test_allowlist(plugins: Path) -> None:
