@@ -11,8 +11,8 @@
     openengine-gateway bench --target HOST:PORT/MODEL [--target ...] [--concurrency N | --request-rate R]
                        [--num-requests N] [--duration S] [--json FILE] [--report DIR] (--help for the rest)
 
-Options the gateway does not know are the driver's: ``--max-running-requests 8`` becomes
-``max_running_requests="8"`` for the driver's settings model to validate (a flag without a
+Options the gateway does not know are the driver's: ``--backend mock --max-running-requests 8``
+gives the mock ``max_running_requests="8"`` for its settings model to validate (a flag without a
 value is ``true``; a repeated flag is a list). Without ``--backend`` the engines come from the
 ``[[engines]]`` tables of the configuration file. Every serving flag has a ``[gateway]`` key
 of the same name (``--tls-cert`` is ``tls_cert_file``); the flag wins.
@@ -69,12 +69,32 @@ def parse_driver_flags(tokens: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def _parser() -> argparse.ArgumentParser:
+COMMANDS = {
+    "serve": "serve engines over OpenEngine v1 gRPC (the default command; these options)",
+    "backends": "list the installed backends, and which of them cannot start here and why",
+    "conformance": "check any OpenEngine endpoint against the contract, rule by rule",
+    "bench": "benchmark OpenEngine endpoints with one seeded workload, side by side",
+}
+"""The subcommands, each with the line ``--help`` shows for it."""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _parser(prog: str = "openengine-gateway") -> argparse.ArgumentParser:
+    """The ``serve`` command's parser (``prog`` names it as invoked: with ``serve`` or without)."""
+    commands = "\n".join(f"  {name:<12} {line}" for name, line in COMMANDS.items())
+    usage = "%(prog)s [options] [--DRIVER-OPTION VALUE ...]"
+    if prog == "openengine-gateway":
+        usage = "%(prog)s [serve] [options] [--DRIVER-OPTION VALUE ...]\n       %(prog)s COMMAND [options]"
     parser = argparse.ArgumentParser(
-        prog="openengine-gateway",
+        prog=prog,
+        usage=usage,
         allow_abbrev=False,
-        description="Serve the OpenEngine v1 gRPC contract in front of inference engines.",
-        epilog="Unknown --options are passed to the selected backend. 'openengine-gateway backends' lists backends.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve the OpenEngine v1 gRPC contract in front of inference engines.\n\n"
+        f"commands (openengine-gateway COMMAND --help):\n{commands}",
+        epilog="Options the gateway does not know are the --backend's own (--backend mock --max-running-requests 8).\n"
+        "Exit status: 0 after a graceful stop, 1 when an engine fails to start, 2 on a usage error.",
     )
     parser.add_argument("--backend", help="backend to serve (an entry point in openengine.backends)")
     parser.add_argument("--model", help="model path or id for the backend to load")
@@ -87,7 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="port to bind (default 50051; 0 picks a free port)")
     parser.add_argument("--advertise-host", help="routable host to advertise instead of a wildcard bind address")
     parser.add_argument("--drain-timeout", type=float, help="seconds a SIGTERM drain waits before aborting")
-    parser.add_argument("--log-level", default=os.environ.get("OPENENGINE_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("OPENENGINE_LOG_LEVEL", "INFO"),
+        help="log level (default INFO, or $OPENENGINE_LOG_LEVEL)",
+    )
     parser.add_argument("--log-format", choices=("text", "json"), help="log lines as text (default) or JSON")
     security = parser.add_argument_group("security")
     security.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
@@ -376,6 +402,15 @@ def _routable(host: str) -> str:
     return host
 
 
+def _backends_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="openengine-gateway backends",
+        description="List the installed backends (entry points in openengine.backends) with their distribution, "
+        "version and target, and for one whose engine is not installed here, what installs it. Nothing is imported.",
+        epilog="Exit status: 0, or 1 when no backend is installed.",
+    )
+
+
 def list_backends() -> int:
     """Print installed backends with their distributions and versions, and why one cannot start here."""
     backends = installed_backends()
@@ -402,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``openengine-gateway`` command."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["backends"]:
+        _backends_parser().parse_args(arguments[1:])
         return list_backends()
     if arguments[:1] == ["conformance"]:
         from .conformance.cli import main as conformance
@@ -411,9 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench.cli import main as bench
 
         return bench(arguments[1:])
+    prog = "openengine-gateway"
     if arguments[:1] == ["serve"]:
-        arguments = arguments[1:]
-    args, extra = _parser().parse_known_args(arguments)
+        arguments, prog = arguments[1:], "openengine-gateway serve"
+    args, extra = _parser(prog).parse_known_args(arguments)
     try:
         logs.configure(args.log_level, args.log_format or "text")
     except ValueError as exc:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..client import ClientError, OpenEngineClient
+from ..client.connection_options import add_connection_options, connect_options
 from .kit import Outcome, Target, all_rules, run_rules
 from .report import to_json, to_text
 
@@ -17,16 +18,17 @@ from .report import to_json, to_text
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="openengine-gateway conformance",
-        description="Run the OpenEngine v1 contract checks against an endpoint. Exit status 1 when a rule fails.",
+        description="Run the OpenEngine v1 contract checks against an endpoint.",
+        epilog="exit status: 0 when no rule failed (skipped rules are ones the model does not advertise), "
+        "1 when a rule failed, 2 on a usage error or when the target cannot be reached.",
     )
     parser.add_argument("--target", required=True, help="host:port of the OpenEngine server")
     parser.add_argument("--model", default="", help="model to check (default: the first supported model)")
     parser.add_argument("--rule", action="append", default=[], help="only rules matching this glob (repeatable)")
     parser.add_argument("--include-disruptive", action="store_true", help="also run checks that drain the server")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file ('-' for stdout)")
-    parser.add_argument("--token", help="bearer token, if the server requires one")
-    parser.add_argument("--ca", type=Path, help="CA certificate (PEM) for a TLS server")
     parser.add_argument("--timeout", type=_positive, default=60.0, help="seconds per rule")
+    add_connection_options(parser)
     return parser
 
 
@@ -43,12 +45,7 @@ async def _run(args: argparse.Namespace) -> int:
         rules = [r for r in rules if any(fnmatch.fnmatch(r.id, pattern) for pattern in args.rule)]
         if not rules:
             raise ClientError(f"no rule matches {' '.join(args.rule)}")
-    client = await OpenEngineClient.connect(
-        args.target,
-        token=args.token,
-        root_certificates=args.ca.read_bytes() if args.ca else None,
-        check_compatibility=False,
-    )
+    client = await OpenEngineClient.connect(args.target, **connect_options(args), check_compatibility=False)
     async with client:
         target = await Target.open(client, args.model, timeout_s=args.timeout)
         results = await run_rules(target, rules)

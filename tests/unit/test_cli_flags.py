@@ -184,8 +184,14 @@ def test_flags_override_the_config_file() -> None:
     assert (section.port, section.max_in_flight, section.max_subscriptions, section.lora_roots) == (0, 8, 3, ["/a"])
 
 
-def test_an_unknown_log_level_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--backend", "mock", "--log-level", "bogus"]) == 2
+def test_an_unknown_log_level_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--backend", "mock", "--log-level", "bogus"])
+    assert exited.value.code == 2 and "--log-level" in capsys.readouterr().err
+    monkeypatch.setenv("OPENENGINE_LOG_LEVEL", "bogus")  # a default argparse does not check
+    assert cli.main(["--backend", "mock"]) == 2
     assert "--log-level" in capsys.readouterr().err
 
 
