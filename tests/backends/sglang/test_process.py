@@ -27,10 +27,10 @@ from .conftest import request, sglang
 def test_an_sglang_engine_beside_another_is_refused_naming_the_alternative() -> None:
     """SGLang's configuration is process-wide and its shutdown kills every child of the gateway."""
     for other in ("sglang", "mock"):
-        sections = [EngineSection(backend="sglang", options={"model": "/m"}), EngineSection(backend=other)]
+        sections = [EngineSection(backend="sglang", options={"model": "org/model"}), EngineSection(backend=other)]
         with pytest.raises(ConfigurationError, match=r"engines\[0\] \(sglang\): .*only engine.*`remote` backend"):
             plan_engines(sections, Config())
-    plan_engines([EngineSection(backend="sglang", options={"model": "/m"})], Config())  # alone, it is served
+    plan_engines([EngineSection(backend="sglang", options={"model": "org/model"})], Config())  # alone, it is served
 
 
 async def test_the_testing_kit_refuses_it_too_before_anything_starts(fake: types.ModuleType) -> None:
@@ -80,7 +80,7 @@ FAKE_CLI = [
 
 
 async def test_the_real_command_survives_sglangs_sigquit_and_exits_0_on_sigterm(tmp_path: Path) -> None:
-    args = ("--backend", "sglang", "--model", "/models/fake-llm", "--config", str(tmp_path / "none.toml"))
+    args = ("--backend", "sglang", "--model", str(tmp_path), "--config", str(tmp_path / "none.toml"))
     (tmp_path / "none.toml").write_text("")
     async with gateway_process(*args, cwd=tmp_path, program=FAKE_CLI) as gateway:
         gateway.process.send_signal(signal.SIGQUIT)  # what SGLang's watchdog sends when a child fails
