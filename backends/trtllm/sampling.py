@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import Sampling
 
 TORCH_SAMPLER_KNOBS = frozenset({"temperature", "top_p", "top_k"})
@@ -37,15 +36,7 @@ TRTLLM_SAMPLER_KNOBS = TORCH_SAMPLER_KNOBS | {
 }
 """What ``TRTLLMSampler`` (the C++ decoder's ``SamplingConfig``) applies besides."""
 
-NEUTRAL: Mapping[str, float] = {
-    "min_p": 0.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-}
-"""Values that change nothing: accepted whatever the sampler (a seed has no such value)."""
-
-ENGINE_DEFAULTS: Mapping[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+ENGINE_DEFAULTS: Mapping[str, Any] = {name: Sampling.NEUTRAL[name] for name in ("temperature", "top_p", "top_k")}
 """vLLM's and SGLang's sampling when neither request nor model says otherwise (top-k 0 is off)."""
 
 GENERATION_CONFIG_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -61,18 +52,13 @@ def applied_knobs(sampler_type: Any, *, speculative: bool) -> frozenset[str]:
 
 
 def refuse_unapplied(sampling: Sampling, applied: frozenset[str]) -> None:
-    """``InvalidArgument`` naming every knob set to a non-neutral value the sampler would ignore."""
-    ignored = [
-        name
-        for name in (*NEUTRAL, "seed")
-        if name not in applied and getattr(sampling, name) is not None and getattr(sampling, name) != NEUTRAL.get(name)
-    ]
-    if ignored:
-        raise InvalidArgument(
-            f"sampling.{', sampling.'.join(ignored)}: this TensorRT-LLM engine's sampler would ignore them "
-            "(TorchSampler and the speculative samplers apply temperature, top_p and top_k only); an engine "
-            "started with sampler_type TRTLLMSampler and no speculative_config applies them"
-        )
+    """``InvalidArgument`` for a knob set to a non-neutral value the sampler would ignore."""
+    sampling.require_neutral(
+        *sorted(TRTLLM_SAMPLER_KNOBS - applied),
+        engine="this TensorRT-LLM engine's sampler (TorchSampler and the speculative samplers apply temperature, "
+        "top_p and top_k only; an engine started with sampler_type TRTLLMSampler and no speculative_config "
+        "applies the others)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +81,15 @@ def sampling_defaults(generation_config: Mapping[str, Any], applied: frozenset[s
     """
     model = {name: value for name in GENERATION_CONFIG_KNOBS if (value := generation_config.get(name)) is not None}
     kept = {name: value for name, value in model.items() if name in applied}
-    dropped = {name: value for name, value in model.items() if name not in applied and value != NEUTRAL.get(name)}
+    dropped = {
+        name: value for name, value in model.items() if name not in applied and value != Sampling.NEUTRAL.get(name)
+    }
     return SamplingDefaults(values={**ENGINE_DEFAULTS, **kept}, dropped=dropped)
 
 
 __all__ = [
     "ENGINE_DEFAULTS",
     "GENERATION_CONFIG_KNOBS",
-    "NEUTRAL",
     "NO_MODEL_DEFAULTS",
     "TORCH_SAMPLER_KNOBS",
     "TRTLLM_SAMPLER_KNOBS",
