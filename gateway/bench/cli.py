@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..client import ClientError
+from ..client.connection_options import add_connection_options, connect_options
 from .errors import BenchError
 from .plots import caption, require_matplotlib, write_plots
 from .prompts import load_prompts
@@ -153,10 +154,7 @@ def _parser() -> argparse.ArgumentParser:
         "--report", type=Path, metavar="DIR", help="write PNG plots into this directory (needs matplotlib)"
     )
     output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    security = parser.add_argument_group("connection")
-    security.add_argument("--token", help="bearer token, if the servers require one")
-    security.add_argument("--ca", type=Path, metavar="FILE", help="CA certificate (PEM) of TLS servers")
-    security.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
+    add_connection_options(parser)
     return parser
 
 
@@ -253,7 +251,7 @@ async def run(argv: Sequence[str]) -> int:
         require_matplotlib()
     _check_outputs(parser, args)
     targets = distinct(args.target)
-    connection = Connection(args.token, args.ca.read_bytes() if args.ca else None, args.tls)
+    connection = Connection(**connect_options(args))
     stop = asyncio.Event()
     started = datetime.now(UTC)
     with _stop_on_interrupt(stop):
