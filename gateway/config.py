@@ -89,6 +89,12 @@ class GatewaySection(_Strict):
     log_format: Literal["text", "json"] = "text"
 
 
+GATEWAY_PATH_FIELDS = tuple(
+    name for name, field in GatewaySection.model_fields.items() if field.annotation == Path | None
+)
+"""The ``[gateway]`` keys that name a file."""
+
+
 class EngineSection(_Strict):
     """One engine to serve."""
 
@@ -149,9 +155,63 @@ def load_config(path: Path | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, str(path))) from None
+    return _anchored(config, path.absolute().parent)
+
+
+PATH_SUFFIXES = ("_file", "_path", "_dir")
+"""An option whose name ends so holds a filesystem path (``ca_file``, ``download_dir``)."""
+MAYBE_PATH_KEYS = frozenset({"model", "tokenizer"})
+"""Options holding a path or a hub id: a path only when ``looks_like_path`` says so."""
+
+
+def _anchored(config: Config, base: Path) -> Config:
+    """``config`` with every relative path it holds made relative to ``base``, the file's directory.
+
+    A file names paths from where it lies, so the gateway finds them whatever directory it was
+    started from: the ``[gateway]`` files and LoRA roots, and every engine option (nested ones
+    too) that is a path by its name (``PATH_SUFFIXES``) or by its value (``MAYBE_PATH_KEYS``).
+    """
+    gateway = config.gateway
+    files = {
+        name: Path(_anchor(str(value), base))
+        for name in GATEWAY_PATH_FIELDS
+        if (value := getattr(gateway, name)) is not None
+    }
+    return config.model_copy(
+        update={
+            "gateway": gateway.model_copy(
+                update={**files, "lora_roots": [_anchor(root, base) for root in gateway.lora_roots]}
+            ),
+            "backends": {name: _anchor_options(options, base) for name, options in config.backends.items()},
+            "engines": [
+                engine.model_copy(update={"options": _anchor_options(engine.options, base)})
+                for engine in config.engines
+            ],
+        }
+    )
+
+
+def _anchor_options(options: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    anchored: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            value = _anchor_options(value, base)
+        elif isinstance(value, str) and (
+            key.endswith(PATH_SUFFIXES) or (key in MAYBE_PATH_KEYS and looks_like_path(value))
+        ):
+            value = _anchor(value, base)
+        anchored[key] = value
+    return anchored
+
+
+def _anchor(value: str, base: Path) -> str:
+    """``value`` joined to ``base`` when it is a relative path; absolute and ``~`` paths as given."""
+    if not value or value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str(base / value)
 
 
 def with_flags(section: GatewaySection, flags: Mapping[str, Any]) -> GatewaySection:

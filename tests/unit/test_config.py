@@ -136,3 +136,59 @@ def test_engine_settings_errors_name_the_key(options: dict[str, object], key: st
     message = raised.value.args[0]
     assert message.startswith("engines[0] (fake) options: invalid configuration")
     assert f"\n  {key}: " in message
+
+
+def test_relative_paths_resolve_against_the_file_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    path = write(
+        folder,
+        """
+        [gateway]
+        tls_cert_file = "tls/cert.pem"
+        auth_token_file = "/etc/gateway/token"
+        control_token_file = "~/control"
+        lora_roots = ["adapters", "/srv/loras"]
+
+        [backends.vllm]
+        engine_args = { tokenizer = "./tok", download_dir = "cache", served = "a/b/c" }
+
+        [[engines]]
+        backend = "remote"
+        options = { model = ".models/tiny", ca_file = "ca.pem", target = "unix:///run/oe.sock", token = "t" }
+
+        [[engines]]
+        backend = "vllm"
+        options = { model = "org/hub-model" }
+        """,
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_config(Path("deploy/plugins.toml"))
+    assert path.parent == folder
+    gateway = config.gateway
+    assert gateway.tls_cert_file == folder / "tls/cert.pem"
+    assert gateway.auth_token_file == Path("/etc/gateway/token")  # absolute: as given
+    assert gateway.control_token_file == Path("~/control")  # the user's home: as given
+    assert gateway.lora_roots == [str(folder / "adapters"), "/srv/loras"]
+    engine_args = config.backends["vllm"]["engine_args"]
+    # a path by its name or, for a model or tokenizer, by its value; any other option as given
+    assert engine_args == {"tokenizer": str(folder / "tok"), "download_dir": str(folder / "cache"), "served": "a/b/c"}
+    remote, hub = config.engines
+    assert remote.options == {
+        "model": str(folder / ".models/tiny"),
+        "ca_file": str(folder / "ca.pem"),
+        "target": "unix:///run/oe.sock",
+        "token": "t",
+    }
+    assert hub.options == {"model": "org/hub-model"}  # a hub id is not a path
+
+
+def test_command_line_paths_stay_relative_to_the_working_directory(tmp_path: Path) -> None:
+    from openengine_gateway.config import with_flags
+
+    config = load_config(write(tmp_path, "[gateway]\ntls_key_file = 'key.pem'\n"))
+    flagged = with_flags(config.gateway, {"tls_cert_file": "cert.pem"})
+    assert flagged.tls_cert_file == Path("cert.pem")
+    assert flagged.tls_key_file == tmp_path / "key.pem"
