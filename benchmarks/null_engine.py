@@ -23,6 +23,7 @@ from openengine_backends.mock.capabilities import model_info
 from openengine_gateway import __version__, pb
 from openengine_gateway.spi import (
     Backend,
+    BackendSettings,
     EngineFacts,
     EventStream,
     GenerationRequest,
@@ -36,7 +37,7 @@ from openengine_gateway.testing import serve_backends
 from .bare_server import read_messages
 
 
-class NullBackend(Backend):
+class NullBackend(Backend[BackendSettings]):
     """Streams the same recorded tokens to every request, one per loop turn."""
 
     name = "null"

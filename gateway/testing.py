@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -45,7 +46,7 @@ class RunningGateway:
 
 @contextlib.asynccontextmanager
 async def serve_backends(
-    backends: Sequence[tuple[str, Backend]] | Sequence[tuple[str, Backend, Sequence[str]]],
+    backends: Sequence[tuple[str, Backend[Any]]] | Sequence[tuple[str, Backend[Any], Sequence[str]]],
     *,
     options: GatewayOptions = GatewayOptions(),
     host: str = "127.0.0.1",
@@ -59,7 +60,7 @@ async def serve_backends(
     """
     check_exclusive([(entry[0], entry[1]) for entry in backends])
     engines: list[Engine] = []
-    started: list[Backend] = []  # including one whose facts are then refused
+    started: list[Backend[Any]] = []  # including one whose facts are then refused
     try:
         for entry in backends:
             name, backend = entry[0], entry[1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -20,21 +21,27 @@ from openengine_gateway.engines import Engine, EngineSet
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
+    Classification,
     ClassifyCall,
     EmbedCall,
+    Embedding,
     EngineFacts,
     EventStream,
     GenerationEvent,
     GenerationRequest,
+    HealthCheck,
+    Load,
     LoraAdapter,
     ScoreCall,
+    ScoreResult,
+    TaskUsage,
 )
 
 T = TypeVar("T")
 GenerateHandler = Callable[[GenerationRequest], "AsyncIterator[GenerationEvent] | EventStream"]
 
 
-class FakeBackend(Backend):
+class FakeBackend(Backend[BackendSettings]):
     """A scriptable in-memory engine.
 
     ``generate`` calls ``on_generate`` (default: an ``EventStream`` the test feeds through
@@ -77,11 +84,9 @@ class FakeBackend(Backend):
             supports_abort=supports_abort,
         )
         self.on_generate: GenerateHandler | None = None
-        self.on_embed: Callable[[EmbedCall], Awaitable[tuple[list[pb.EmbeddingOutput], pb.TaskUsage]]] | None = None
-        self.on_classify: (
-            Callable[[ClassifyCall], Awaitable[tuple[list[pb.ClassificationOutput], pb.TaskUsage]]] | None
-        ) = None
-        self.on_score: Callable[[ScoreCall], Awaitable[tuple[pb.ScoreResponse, pb.TaskUsage]]] | None = None
+        self.on_embed: Callable[[EmbedCall], Awaitable[tuple[list[Embedding], TaskUsage]]] | None = None
+        self.on_classify: Callable[[ClassifyCall], Awaitable[tuple[list[Classification], TaskUsage]]] | None = None
+        self.on_score: Callable[[ScoreCall], Awaitable[tuple[ScoreResult, TaskUsage]]] | None = None
         self.requests: list[GenerationRequest] = []
         self.streams: dict[str, EventStream] = {}
         self.aborted: list[str] = []
@@ -90,11 +95,11 @@ class FakeBackend(Backend):
         self.released_sessions: list[str] = []
         self.loaded_loras: list[LoraAdapter] = []
         self.unloaded_loras: list[LoraAdapter] = []
-        self.load_info = pb.LoadInfo()
+        self.load_info = Load()
         self.load_error: BaseException | None = None
         self.report_kv_sessions = False
         """When set, ``load`` reports ``active_kv_sessions`` as the sessions held right now."""
-        self.health_checks = [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="ok")]
+        self.health_checks = [HealthCheck("model", pb.HEALTH_STATE_READY, "ok")]
         self.event_sources: list[pb.KvEventSource] = []
         self.kv_queue: asyncio.Queue[pb.KvEventBatch | BaseException | None] = asyncio.Queue()
         self.runtime_queue: asyncio.Queue[pb.RuntimeEvent | BaseException | None] = asyncio.Queue()
@@ -120,17 +125,17 @@ class FakeBackend(Backend):
         self.aborted.append(request_id)
         self.abort_called.set()
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall) -> tuple[Sequence[Embedding], TaskUsage]:
         if self.on_embed is None:
             return await super().embed(call)
         return await self.on_embed(call)
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall) -> tuple[Sequence[Classification], TaskUsage]:
         if self.on_classify is None:
             return await super().classify(call)
         return await self.on_classify(call)
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         if self.on_score is None:
             return await super().score(call)
         return await self.on_score(call)
@@ -154,17 +159,14 @@ class FakeBackend(Backend):
         self.kv_sessions.clear()
         return count
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         if self.load_error is not None:
             raise self.load_error
         if not self.report_kv_sessions:
             return self.load_info
-        load = pb.LoadInfo()
-        load.CopyFrom(self.load_info)
-        load.active_kv_sessions = len(self.kv_sessions)
-        return load
+        return dataclasses.replace(self.load_info, active_kv_sessions=len(self.kv_sessions))
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         return list(self.health_checks)
 
     def kv_event_sources(self) -> list[pb.KvEventSource]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from openengine_gateway import pb
 from openengine_gateway.errors import EngineFailure
-from openengine_gateway.spi import Endpoint, KvSession
+from openengine_gateway.spi import Endpoint, HeldKvSessions, KvSession
 
 from .events import runtime_event
 from .request import Transferred
@@ -39,7 +39,6 @@ class HeldSession:
     lora_name: str
     release: Callable[[], None]
     """Frees the session's blocks in the engine that owns them."""
-    timer: asyncio.TimerHandle | None = None
 
 
 class SessionStore:
@@ -49,9 +48,8 @@ class SessionStore:
         self._host = host
         self._advertised = host
         self._port = port
-        self._timeout_s = timeout_s
         self._publish = publish
-        self._sessions: dict[str, HeldSession] = {}
+        self._sessions: HeldKvSessions[HeldSession] = HeldKvSessions(expire_after_s=timeout_s)
         self._server: asyncio.Server | None = None
 
     @property
@@ -84,32 +82,28 @@ class SessionStore:
 
     def hold(self, session: HeldSession) -> None:
         """Keep ``session`` until it is pulled, released, or times out."""
-        loop = asyncio.get_running_loop()
-        session.timer = loop.call_later(self._timeout_s, self.release, session.session_id, "timeout")
-        self._sessions[session.session_id] = session
+        self._sessions.hold(session.session_id, session, self._released)
 
     def release(self, session_id: str, status: str) -> bool:
         """Drop a session and free its blocks; False when it is not held."""
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            return False
-        if session.timer is not None:
-            session.timer.cancel()
+        return self._sessions.release(session_id, status)
+
+    def release_all(self, status: str) -> int:
+        """Release every held session; how many there were."""
+        return self._sessions.release_all(status)
+
+    def _released(self, session: HeldSession, status: str) -> None:
+        """Free a released session's blocks and publish its transfer event."""
         session.release()
         self._publish(
             runtime_event(
                 pb.RUNTIME_EVENT_TYPE_TRANSFER,
-                session_id=session_id,
+                session_id=session.session_id,
                 direction="send",
                 status=status,
                 tokens=len(session.token_ids),
             )
         )
-        return True
-
-    def release_all(self, status: str) -> int:
-        """Release every held session; how many there were."""
-        return sum(self.release(session_id, status) for session_id in list(self._sessions))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

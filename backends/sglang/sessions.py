@@ -10,10 +10,9 @@ or by ``abort_kv_session`` and a drain past its deadline.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger(__name__)
+from openengine_gateway.spi import BackgroundTasks, HeldKvSessions
 
 
 class PrefillSessions:
@@ -21,39 +20,35 @@ class PrefillSessions:
 
     def __init__(self, abort_rid: Callable[[str], None]) -> None:
         self._abort_rid = abort_rid
-        self._held: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._held: HeldKvSessions[tuple[str, asyncio.Task[None]]] = HeldKvSessions()
+        self._prefills = BackgroundTasks()  # a failure is logged: the client is gone, the decode side sees it
 
     def __len__(self) -> int:
         return len(self._held)
 
     def hold(self, session_id: str, rid: str, prefill: Callable[[], Awaitable[None]]) -> None:
         """Run ``prefill()`` (SGLang request ``rid``) until it ends or the session is released."""
-        self._held[session_id] = (rid, asyncio.create_task(self._run(session_id, prefill)))
+        task = self._prefills.spawn(self._run(session_id, prefill), f"the prefill of KV session {session_id}")
+        self._held.hold(session_id, (rid, task), self._abort)
 
     async def _run(self, session_id: str, prefill: Callable[[], Awaitable[None]]) -> None:
         try:
             await prefill()
-        except Exception:  # broad on purpose: the client is gone; the decode side sees the failure
-            log.exception("the prefill of KV session %s failed", session_id)
         finally:
-            self._held.pop(session_id, None)
+            self._held.discard(session_id)
 
-    def release(self, session_id: str) -> bool:
-        """Abort the prefill of ``session_id``; False when none is held."""
-        held = self._held.pop(session_id, None)
-        if held is None:
-            return False
+    def _abort(self, held: tuple[str, asyncio.Task[None]], reason: str) -> None:
         rid, task = held
         self._abort_rid(rid)
         task.cancel()  # closing SGLang's generator aborts a request that was not dispatched yet
-        return True
+
+    def release(self, session_id: str) -> bool:
+        """Abort the prefill of ``session_id``; False when none is held."""
+        return self._held.release(session_id)
 
     def release_all(self) -> int:
         """Abort every held prefill; how many there were."""
-        sessions = list(self._held)
-        for session_id in sessions:
-            self.release(session_id)
-        return len(sessions)
+        return self._held.release_all()
 
 
 __all__ = ["PrefillSessions"]

@@ -11,15 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from openengine_gateway.errors import AlreadyExists, FailedPrecondition, NotFound
-from openengine_gateway.spi import LoraAdapter
+from openengine_gateway.errors import AlreadyExists, FailedPrecondition
+from openengine_gateway.spi import LoadedAdapters, LoraAdapter
 
 
 class LoraRegistry:
     """``LoRARequest`` objects by adapter name, and the (name, path) each id was first bound to."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, Any] = {}
+        self._requests: LoadedAdapters[Any] = LoadedAdapters("the TensorRT-LLM engine")
         self._ids: dict[int, tuple[str, str]] = {}
 
     def check_id(self, adapter: LoraAdapter) -> None:
@@ -33,17 +33,18 @@ class LoraRegistry:
     def add(self, adapter: LoraAdapter, request: Any) -> None:
         """Serve ``adapter`` through its ``LoRARequest`` ``request``, binding its id."""
         self._ids[adapter.lora_id] = (adapter.lora_name, adapter.source_path)
-        self._requests[adapter.lora_name] = request
+        self._requests.add(adapter.lora_name, request)
 
     def remove(self, name: str) -> None:
         """Stop serving ``name`` (its id stays bound)."""
-        self._requests.pop(name, None)
+        self._requests.remove(name)
 
-    def request(self, name: str) -> Any:
-        """The adapter's ``LoRARequest``; ``NotFound`` unless served, ``FailedPrecondition`` if its files are gone."""
-        request = self._requests.get(name)
+    def request(self, name: str | None) -> Any:
+        """The adapter's ``LoRARequest`` (None for the base model); ``NotFound`` unless served,
+        ``FailedPrecondition`` if its files are gone."""
+        request = self._requests.find(name)
         if request is None:
-            raise NotFound(f"LoRA adapter {name!r} is not loaded in the TensorRT-LLM engine")
+            return None
         if not Path(request.lora_path).exists():
             raise FailedPrecondition(f"LoRA adapter {name!r}: {request.lora_path} no longer exists")
         return request

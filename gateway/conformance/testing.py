@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ..client import OpenEngineClient
 from ..core.gateway import GatewayOptions
@@ -14,7 +15,7 @@ from .kit import Outcome, Result, Target
 
 @contextlib.asynccontextmanager
 async def in_process_target(
-    backend: Backend, *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
+    backend: Backend[Any], *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
 ) -> AsyncIterator[Target]:
     """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it."""
     async with serve_backends([(model, backend)], options=options) as running:

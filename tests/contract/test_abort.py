@@ -158,7 +158,7 @@ class WithoutAbort(MockBackend):
 
 
 async def test_an_engine_without_abort_answers_unimplemented() -> None:
-    async with serve_backends([("model", WithoutAbort(mock().options))]) as running:
+    async with serve_backends([("model", WithoutAbort(mock().settings))]) as running:
         for request in (
             pb.AbortRequest(request_id="any"),
             pb.AbortRequest(kv_session=pb.KvSessionRef(session_id="any")),

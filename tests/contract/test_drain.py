@@ -111,7 +111,7 @@ class NoSessionCount(MockBackend):
 
 
 async def test_absent_progress_counts_stay_absent() -> None:
-    backend = NoSessionCount(mock().options)
+    backend = NoSessionCount(mock().settings)
     async with serve_backends([("model", backend)]) as running:
         responses = [r async for r in running.stub.Drain(pb.DrainRequest())]
     assert states(responses) == ["STARTED", "COMPLETE"]

@@ -12,14 +12,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from importlib.metadata import version
 
-from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import (
     Backend,
-    BackendSettings,
     EngineFacts,
     GenerationEvent,
     GenerationRequest,
+    Load,
     OutputTracker,
     TokenRecord,
     UsageReport,
@@ -52,23 +51,20 @@ def tokenize(request: GenerationRequest) -> list[int]:
     return ids
 
 
-class EchoBackend(Backend):
+class EchoBackend(Backend[EchoSettings]):
     """A deterministic engine that echoes its prompt (see the package docstring)."""
 
     name = "echo"
     Settings = EchoSettings
 
-    def __init__(self, settings: BackendSettings) -> None:
-        if not isinstance(settings, EchoSettings):
-            raise TypeError(f"EchoBackend needs EchoSettings, got {type(settings).__name__}")
+    def __init__(self, settings: EchoSettings) -> None:
         super().__init__(settings)
-        self.options = settings
         self._running: set[str] = set()
 
     async def start(self) -> EngineFacts:
         """Nothing to load: describe the engine."""
         return EngineFacts(
-            "echo", version("openengine-echo-backend"), model_info(self.options), parallelism=PARALLELISM
+            "echo", version("openengine-echo-backend"), model_info(self.settings), parallelism=PARALLELISM
         )
 
     async def stop(self) -> None:
@@ -82,7 +78,7 @@ class EchoBackend(Backend):
         if outside:
             raise InvalidArgument(f"stop token id {outside[0]} is outside the vocabulary ({VOCAB_SIZE} tokens)")
         budget = resolve_max_tokens(
-            request, len(prompt), self.options.max_context_length, self.options.max_context_length - 1
+            request, len(prompt), self.settings.max_context_length, self.settings.max_context_length - 1
         )
         return self._echo(request, prompt, budget)
 
@@ -90,12 +86,12 @@ class EchoBackend(Backend):
         stopping = request.stopping
         # Stop tokens, EOS, stop strings, min_tokens and the budget: the SPI's tracker decides what is emitted.
         tracker = OutputTracker(0, stopping, budget=budget, eos_token_ids=(EOS,))
-        natural_end = len(prompt) * self.options.repeat
+        natural_end = len(prompt) * self.settings.repeat
         self._running.add(request.request_id)
         try:
             yield UsageReport(len(prompt), 0)  # known at once: an aborted request still counts its prompt
             while not tracker.done:
-                await asyncio.sleep(self.options.token_delay_s)  # also yields the loop between tokens
+                await asyncio.sleep(self.settings.token_delay_s)  # also yields the loop between tokens
                 position = tracker.generated
                 # EOS only once min_tokens allow it: an engine bans it from sampling until tracker.may_stop
                 ends = position >= natural_end and tracker.may_stop and not stopping.ignore_eos
@@ -112,9 +108,9 @@ class EchoBackend(Backend):
         """The gateway already stopped the generator; nothing else holds engine state."""
         self._running.discard(request_id)
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """Requests being echoed; there is no queue."""
-        return pb.LoadInfo(running_requests=len(self._running), queued_requests=0)
+        return Load(running_requests=len(self._running), queued_requests=0)
 
 
 __all__ = ["EOS", "VOCAB_SIZE", "EchoBackend", "piece", "tokenize"]

@@ -1,0 +1,59 @@
+"""Background work a driver starts and owns: tasks that are neither lost nor left running.
+
+``asyncio`` keeps only a weak reference to a task, so a fire-and-forget ``create_task`` can be
+garbage-collected mid-flight, and its exception is reported (if ever) only when it is. A driver
+spawns such work through one ``BackgroundTasks`` instead: it holds every task until it ends,
+logs a failure with what the task was for (then tells the driver, which may mark itself
+NOT_READY), and cancels and awaits whatever still runs when the driver stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundTasks:
+    """The tasks a driver runs beside its requests; ``stop`` cancels and awaits them.
+
+    ``on_failure(what, exc)`` is called, after the failure is logged, for a task that raised
+    (cancellation is not a failure).
+    """
+
+    def __init__(self, on_failure: Callable[[str, Exception], None] | None = None) -> None:
+        self._on_failure = on_failure
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """Run ``work`` (described by ``what``, for the log) until it ends or ``stop``."""
+        task = asyncio.create_task(self._run(work, what), name=what)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _run(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # broad on purpose: nobody awaits this task, so its failure is reported here
+            log.exception("%s failed", what)
+            if self._on_failure is not None:
+                self._on_failure(what, exc)
+
+    async def stop(self) -> None:
+        """Cancel every task still running and wait until each has ended."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+__all__ = ["BackgroundTasks"]
