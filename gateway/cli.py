@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from . import logs
-from .config import Config, ConfigError, EngineSection, GatewaySection, did_you_mean, load_config, with_flags
+from .config import Config, EngineSection, GatewaySection, did_you_mean, load_config, with_flags
 from .core.gateway import Gateway, GatewayOptions
-from .engines import ConfigurationError
-from .launch import EngineStartError, start_engines
-from .plugins import PluginError, installed_backends, missing_packages
+from .errors import ConfigurationError, EngineStartError, SetupError
+from .launch import start_engines
+from .plugins import installed_backends, missing_packages
 from .server.app import GatewayServer, ServerOptions, reserved
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
@@ -53,7 +53,7 @@ def parse_driver_flags(tokens: Sequence[str]) -> dict[str, Any]:
     while position < len(tokens):
         token = tokens[position]
         if not token.startswith("--") or token == "--" or token.startswith("--="):
-            raise ConfigError(f"unexpected argument {token!r}; driver options look like --name value")
+            raise ConfigurationError(f"unexpected argument {token!r}; driver options look like --name value")
         key, has_value, value = token[2:].partition("=")
         parsed: Any = value if has_value else True
         if not has_value and position + 1 < len(tokens) and not tokens[position + 1].startswith("--"):
@@ -191,9 +191,9 @@ def _config_path(explicit: Path | None) -> Path | None:
 def _engine_sections(args: argparse.Namespace, extra: Sequence[str], config: Config) -> list[EngineSection]:
     if args.backend is None:
         if extra:
-            raise ConfigError(_unknown_options(extra))
+            raise ConfigurationError(_unknown_options(extra))
         if args.model or args.served_model_name or args.alias:
-            raise ConfigError("--model, --served-model-name, --alias and driver options need --backend")
+            raise ConfigurationError("--model, --served-model-name, --alias and driver options need --backend")
         return list(config.engines)
     options = parse_driver_flags(extra)
     if args.model is not None:
@@ -352,7 +352,7 @@ def _server_options(section: GatewaySection) -> ServerOptions:
     """Transport options: TLS (its files checked now, before any engine starts), tokens, metrics, message size."""
     cert, key, client_ca = section.tls_cert_file, section.tls_key_file, section.tls_client_ca_file
     if (cert is None) != (key is None) or (client_ca is not None and cert is None):
-        raise ConfigError("TLS needs both --tls-cert and --tls-key (and them for --tls-client-ca)")
+        raise ConfigurationError("TLS needs both --tls-cert and --tls-key (and them for --tls-client-ca)")
     tls = TlsFiles(cert, key, client_ca) if cert is not None and key is not None else None
     if tls is not None:
         tls.check()
@@ -362,7 +362,7 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         observer_token_files=_listed(section.observer_token_file),
     )
     if section.metrics_tls and tls is None:
-        raise ConfigError("--metrics-tls serves the gateway's certificate: it needs --tls-cert and --tls-key")
+        raise ConfigurationError("--metrics-tls serves the gateway's certificate: it needs --tls-cert and --tls-key")
     host = section.host
     if section.metrics_port is not None and not section.metrics_tls and not _loopback(section.metrics_host):
         log.warning("metrics on %s in plaintext and without a token; add --metrics-tls", section.metrics_host)
@@ -458,13 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return _run(serve(args, extra))
-    except (ConfigError, ConfigurationError, PluginError, OSError) as exc:
+    except (SetupError, OSError) as exc:  # OSError: a port in use, a file that cannot be read
+        log.debug("startup failure", exc_info=exc)
         print(f"openengine-gateway: error: {exc}", file=sys.stderr)
-        return 2
-    except EngineStartError as exc:
-        log.debug("engine startup failure", exc_info=exc)
-        print(f"openengine-gateway: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code if isinstance(exc, SetupError) else 2
 
 
 if __name__ == "__main__":

@@ -32,11 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import ConfigurationError
 from .spi.backend import BackendSettings
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the file and key."""
 
 
 class _Strict(BaseModel):
@@ -149,15 +146,15 @@ def load_config(path: Path | None) -> Config:
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ConfigurationError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+        raise ConfigurationError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ConfigurationError(f"{path}: not valid TOML: {exc}") from None
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, str(path))) from None
+        raise ConfigurationError(_describe(exc, str(path))) from None
     return _anchored(config, path.absolute().parent)
 
 
@@ -221,7 +218,7 @@ def with_flags(section: GatewaySection, flags: Mapping[str, Any]) -> GatewaySect
     try:
         return GatewaySection.model_validate({**section.model_dump(), **given})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, "command line")) from None
+        raise ConfigurationError(_describe(exc, "command line")) from None
 
 
 def engine_settings(
@@ -235,12 +232,11 @@ def engine_settings(
     try:
         return settings_model.model_validate(dict(options))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source, notes)) from None
+        raise ConfigurationError(_describe(exc, source, notes)) from None
 
 
 __all__ = [
     "Config",
-    "ConfigError",
     "EngineSection",
     "GatewaySection",
     "PluginsSection",

@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from . import pb
 from .contract.capabilities import check_model_info
 from .contract.ranks import RankSpan, shared_spans
-from .errors import InvalidArgument, NotFound, clip
+from .errors import ConfigurationError, InvalidArgument, NotFound, clip
 from .spi.backend import Backend, EngineFacts
-
-
-class ConfigurationError(ValueError):
-    """The engines configuration cannot be served (a name served twice, a bad option...)."""
 
 
 def check_exclusive(backends: Sequence[tuple[str, Backend]]) -> None:
@@ -126,4 +122,4 @@ class EngineSet:
         return engine
 
 
-__all__ = ["ConfigurationError", "Engine", "EngineSet", "check_exclusive"]
+__all__ = ["Engine", "EngineSet", "check_exclusive"]

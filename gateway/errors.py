@@ -12,6 +12,10 @@ The contract gives every failure exactly one transport, chosen by when it happen
 Drivers raise the same classes: a ``RequestError`` from a driver's synchronous validation is
 a pre-acceptance rejection; an ``EngineFailure`` (or any other exception, reported as
 ``ERROR_CODE_INTERNAL``) from a running stream is an application failure.
+
+``SetupError`` and its subclasses happen before serving, while the gateway starts: each carries
+the exit status the ``openengine-gateway`` command ends with. A driver reports a setting the user
+must fix with ``ConfigurationError`` (exit 2).
 """
 
 from __future__ import annotations
@@ -187,6 +191,38 @@ class EngineFailure(GatewayError):
         return error
 
 
+class SetupError(GatewayError):
+    """The gateway cannot start as asked; the command prints the message and exits with ``exit_code``."""
+
+    exit_code: ClassVar[int] = 1
+
+
+class ConfigurationError(SetupError, ValueError):
+    """A setting the user must fix: a bad file, key, flag or driver option, or engines that cannot be
+    served together; the message names the key. A ``ValueError`` too, so that a driver's pydantic
+    validator may raise it and have it reported as the error of its key."""
+
+    exit_code = 2
+
+
+class PluginError(SetupError):
+    """A backend cannot be loaded; the message says why and what to do."""
+
+    exit_code = 2
+
+
+class EngineStartError(SetupError):
+    """A configured engine failed to start (its own error, logged by it, is the cause)."""
+
+    exit_code = 1
+
+
+class CapabilityError(SetupError, ValueError):
+    """A started engine advertises a capability table that breaks the contract: the driver's fault."""
+
+    exit_code = 1
+
+
 def internal_failure(exc: BaseException) -> EngineFailure:
     """An unexpected exception from an accepted operation, reported without its traceback."""
     return EngineFailure(pb.ERROR_CODE_INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -250,7 +286,10 @@ __all__ = [
     "MAX_STATUS_MESSAGE_BYTES",
     "AlreadyExists",
     "Cancelled",
+    "CapabilityError",
+    "ConfigurationError",
     "EngineFailure",
+    "EngineStartError",
     "FailedPrecondition",
     "GatewayError",
     "Internal",
@@ -258,8 +297,10 @@ __all__ = [
     "NotFound",
     "OutOfRange",
     "PermissionDenied",
+    "PluginError",
     "RequestError",
     "ResourceExhausted",
+    "SetupError",
     "Status",
     "Unauthenticated",
     "Unavailable",

@@ -8,16 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, EngineSection, did_you_mean, engine_settings, looks_like_path
-from .engines import ConfigurationError, Engine, EngineSet, check_exclusive
-from .plugins import PluginError, installed_backends, load_backend
+from .config import Config, EngineSection, did_you_mean, engine_settings, looks_like_path
+from .engines import Engine, EngineSet, check_exclusive
+from .errors import ConfigurationError, EngineStartError, PluginError
+from .plugins import installed_backends, load_backend
 from .spi.backend import Backend, BackendSettings
 
 log = logging.getLogger(__name__)
-
-
-class EngineStartError(RuntimeError):
-    """A configured engine failed to start (its own error, logged by it, is the cause)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,7 @@ def _check_model_path(model: str, label: str) -> None:
     """A model that is a path must exist: said now, not as the hub's complaint about the id it is not."""
     if looks_like_path(model) and not Path(model).expanduser().exists():
         where = "" if Path(model).expanduser().is_absolute() else f" (relative to {Path.cwd()})"
-        raise ConfigError(f"{label}: model path {model!r} does not exist{where}")
+        raise ConfigurationError(f"{label}: model path {model!r} does not exist{where}")
 
 
 def _check_backend_tables(config: Config) -> None:
@@ -135,7 +132,7 @@ async def start_engines(
                 facts = await plan.backend.start()
             except ConnectionError as exc:  # an engine that is not answering, not a typo
                 raise _start_error(plan, exc) from exc
-            except (ConfigError, ConfigurationError, OSError):
+            except (ConfigurationError, OSError):
                 raise  # the user's to fix, reported as a usage error
             except Exception as exc:
                 raise _start_error(plan, exc) from exc
@@ -151,4 +148,4 @@ async def start_engines(
         raise
 
 
-__all__ = ["EngineStartError", "plan_engines", "start_engines"]
+__all__ = ["plan_engines", "start_engines"]

@@ -22,6 +22,7 @@ from stevedore import DriverManager
 from stevedore.exception import MultipleMatches, NoMatches
 
 from .config import did_you_mean
+from .errors import PluginError
 from .spi.backend import SPI_VERSION, Backend
 
 GROUP = "openengine.backends"
@@ -30,10 +31,6 @@ GROUP = "openengine.backends"
 # stevedore logs "Could not load NAME" for a driver that failed to import; the PluginError below
 # says so with the traceback and the distribution, so its line would only repeat it, out of place.
 logging.getLogger("stevedore.named").setLevel(logging.ERROR)
-
-
-class PluginError(RuntimeError):
-    """A backend cannot be loaded; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -148,4 +145,4 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     return driver
 
 
-__all__ = ["GROUP", "InstalledBackend", "PluginError", "installed_backends", "load_backend", "missing_packages"]
+__all__ = ["GROUP", "InstalledBackend", "installed_backends", "load_backend", "missing_packages"]

@@ -21,12 +21,12 @@ from typing import Any, TypeVar
 import grpc
 from openengine_gateway import pb
 from openengine_gateway.client import ClientError, IncompatibleServer, OpenEngineClient, StatusError
-from openengine_gateway.engines import ConfigurationError
 from openengine_gateway.errors import EngineFailure, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
     ClassifyCall,
+    ConfigurationError,
     EmbedCall,
     EngineFacts,
     GenerationEvent,

@@ -31,12 +31,12 @@ from http import HTTPStatus
 from typing import Any, ClassVar, TypeVar
 
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
 from openengine_gateway.errors import EngineFailure, FailedPrecondition, InvalidArgument, RequestError, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
     ClassifyCall,
+    ConfigurationError,
     EmbedCall,
     EngineFacts,
     EventStream,
@@ -110,7 +110,7 @@ class SglangBackend(Backend):
 
         kwargs = server_kwargs(settings.model, settings.server_options)
         if kwargs.get("incremental_streaming_output"):
-            raise ConfigError(
+            raise ConfigurationError(
                 "sglang: incremental_streaming_output is not supported (the driver reads SGLang's default)"
             )
         kwargs.setdefault("log_level", gateway_log_level())

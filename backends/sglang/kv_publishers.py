@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
+from openengine_gateway.spi import ConfigurationError
 
 from .capabilities import dp_ranks
 
@@ -46,7 +46,7 @@ def check_kv_events_config(raw: Any) -> None:
         return
     endpoint = str(config.get("endpoint") or _DEFAULT_ENDPOINT)
     if endpoint.startswith("inproc://"):
-        raise ConfigError(
+        raise ConfigurationError(
             f"sglang: kv_events_config endpoint {endpoint!r} is reachable only inside SGLang's scheduler "
             "process, not from the gateway's: use a tcp:// or ipc:// endpoint"
         )

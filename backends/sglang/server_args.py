@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from openengine_gateway.config import ConfigError
+from openengine_gateway.spi import ConfigurationError
 
 from .kv_publishers import check_kv_events_config
 
@@ -24,14 +24,14 @@ _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 def server_kwargs(model: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``Engine(**kwargs)`` for ``model`` and the driver's server options.
 
-    Raises ``ConfigError`` naming an option that is not a server argument or whose value
+    Raises ``ConfigurationError`` naming an option that is not a server argument or whose value
     SGLang's parser rejects, or a KV-event publisher the gateway could not subscribe to.
     """
     from sglang.srt.server_args import ServerArgs
 
     unknown = sorted(set(options) - set(ServerArgs.__struct_fields__))
     if unknown:
-        raise ConfigError(f"sglang: unknown server arguments: {', '.join(unknown)} (see SGLang's ServerArgs)")
+        raise ConfigurationError(f"sglang: unknown server arguments: {', '.join(unknown)} (see SGLang's ServerArgs)")
     kwargs = {name: value for name, value in options.items() if not isinstance(value, str | Mapping)}
     strings = {name: value for name, value in options.items() if isinstance(value, str)}
     tables = {name: value for name, value in options.items() if isinstance(value, Mapping)}
@@ -61,14 +61,14 @@ def parse_strings(parser: argparse.ArgumentParser, model: str, strings: Mapping[
             converted[name] = value
         elif action.nargs == 0:
             if value.lower() not in _TRUE | _FALSE:
-                raise ConfigError(f"sglang: {name} takes true or false, not {value!r}")
+                raise ConfigurationError(f"sglang: {name} takes true or false, not {value!r}")
             converted[name] = value.lower() in _TRUE
         else:
             argv += [action.option_strings[0], value]
     try:
         namespace = parser.parse_args(argv)
     except (argparse.ArgumentError, SystemExit) as exc:  # argparse reports a bad value either way
-        raise ConfigError(f"sglang: invalid server argument: {exc}") from None
+        raise ConfigurationError(f"sglang: invalid server argument: {exc}") from None
     return {**{name: getattr(namespace, name) for name in strings if name not in converted}, **converted}
 
 

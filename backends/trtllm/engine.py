@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
 from openengine_gateway.errors import EngineFailure, InvalidArgument, RequestError, Unavailable
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
+    ConfigurationError,
     EngineFacts,
     GenerationEvent,
     GenerationRequest,
@@ -116,7 +116,7 @@ class TrtllmBackend(Backend):
         try:
             api, known = _import_api()
         except ImportError as exc:
-            raise ConfigError(
+            raise ConfigurationError(
                 f"trtllm: TensorRT-LLM is not importable ({exc}); on a GPU machine: "
                 "pip install --extra-index-url https://pypi.nvidia.com 'openengine-gateway[trtllm]'"
             ) from None
@@ -124,7 +124,7 @@ class TrtllmBackend(Backend):
         try:
             self._llm = await asyncio.to_thread(api.LLM, settings.model, **kwargs)
         except (ValueError, TypeError) as exc:  # pydantic's errors are ValueErrors
-            raise ConfigError(f"trtllm: TensorRT-LLM rejected its arguments: {exc}") from None
+            raise ConfigurationError(f"trtllm: TensorRT-LLM rejected its arguments: {exc}") from None
         self._api = api
         try:
             self._features = capabilities.EngineFeatures(

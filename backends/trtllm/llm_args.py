@@ -12,7 +12,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from openengine_gateway.config import ConfigError
+from openengine_gateway.spi import ConfigurationError
 
 DRIVER_DEFAULTS: Mapping[str, Any] = {"enable_iter_perf_stats": True}
 """What the driver turns on unless told otherwise: iteration statistics feed ``GetLoad``."""
@@ -28,13 +28,13 @@ def cli_value(value: Any) -> Any:
     try:
         return json.loads(value)
     except ValueError as exc:
-        raise ConfigError(f"trtllm: {value!r} looks like JSON but does not parse: {exc}") from None
+        raise ConfigurationError(f"trtllm: {value!r} looks like JSON but does not parse: {exc}") from None
 
 
 def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str) -> dict[str, Any]:
     """``LLM`` keyword arguments (``model`` excluded) from the driver's options.
 
-    Raises ``ConfigError`` naming an option ``LLM`` does not take, a backend other than the
+    Raises ``ConfigurationError`` naming an option ``LLM`` does not take, a backend other than the
     PyTorch one, a prefill/decode role without the cache transceiver it needs, or a prefill role
     with the overlap scheduler on. A prefill engine gets ``disable_overlap_scheduler`` unless told
     otherwise: TensorRT-LLM 1.2 refuses every context-only request under the overlap scheduler
@@ -42,16 +42,18 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
     """
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ConfigError(f"trtllm: unknown LLM arguments: {', '.join(unknown)} (see TensorRT-LLM's TorchLlmArgs)")
+        raise ConfigurationError(
+            f"trtllm: unknown LLM arguments: {', '.join(unknown)} (see TensorRT-LLM's TorchLlmArgs)"
+        )
     kwargs = {**DRIVER_DEFAULTS, **{name: cli_value(value) for name, value in options.items()}}
     backend = kwargs.pop("backend", "pytorch")
     if backend != "pytorch":
-        raise ConfigError(f"trtllm: backend {backend!r} is not served; this driver runs the PyTorch backend")
+        raise ConfigurationError(f"trtllm: backend {backend!r} is not served; this driver runs the PyTorch backend")
     if role != "aggregated" and not kwargs.get("cache_transceiver_config"):
-        raise ConfigError(f"trtllm: a {role} engine needs cache_transceiver_config (the KV transfer backend)")
+        raise ConfigurationError(f"trtllm: a {role} engine needs cache_transceiver_config (the KV transfer backend)")
     if role == "prefill":
         if _is_false(kwargs.get("disable_overlap_scheduler", True)):
-            raise ConfigError(
+            raise ConfigurationError(
                 "trtllm: a prefill engine needs disable_overlap_scheduler=true: TensorRT-LLM refuses "
                 "context-only requests while the overlap scheduler is on"
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from openengine_gateway.config import ConfigError
+from openengine_gateway.spi import ConfigurationError
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
@@ -17,7 +17,7 @@ _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 def engine_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     """Engine options as ``AsyncEngineArgs`` keyword arguments, converted as vLLM's CLI would.
 
-    Raises ``ConfigError`` naming an option that is not an engine argument or whose value
+    Raises ``ConfigurationError`` naming an option that is not an engine argument or whose value
     vLLM's parser rejects.
     """
     import dataclasses
@@ -27,7 +27,7 @@ def engine_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ConfigError(f"vllm: unknown engine arguments: {', '.join(unknown)} (see vLLM's AsyncEngineArgs)")
+        raise ConfigurationError(f"vllm: unknown engine arguments: {', '.join(unknown)} (see vLLM's AsyncEngineArgs)")
     strings = {name: value for name, value in options.items() if isinstance(value, str)}
     kwargs = {name: value for name, value in options.items() if not isinstance(value, str)}
     if strings:
@@ -49,13 +49,13 @@ def _parse_strings(strings: Mapping[str, str]) -> dict[str, Any]:
             converted[name] = value
         elif type(action).__name__ == "BooleanOptionalAction":
             if value.lower() not in _TRUE | _FALSE:
-                raise ConfigError(f"vllm: {name} takes true or false, not {value!r}")
+                raise ConfigurationError(f"vllm: {name} takes true or false, not {value!r}")
             converted[name] = value.lower() in _TRUE
         else:
             try:
                 namespace = parser.parse_args([action.option_strings[0], value])
             except (Exception, SystemExit) as exc:  # broad on purpose: argparse raises several kinds
-                raise ConfigError(f"vllm: invalid value {value!r} for {name}: {exc}") from None
+                raise ConfigurationError(f"vllm: invalid value {value!r} for {name}: {exc}") from None
             converted[name] = getattr(namespace, name)
     return converted
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from .. import pb
+from ..errors import CapabilityError
 
 MODEL_LIMITS = (
     "max_context_length",
@@ -32,10 +33,6 @@ TASK_LIMITS = (
 )
 TASK_LISTS = ("input_types", "granularities", "encodings", "semantics", "normalizations", "modalities")
 """The ``ModelInfo`` limits, the task capabilities' limits (positive when present) and their enum lists."""
-
-
-class CapabilityError(ValueError):
-    """An advertised capability table that breaks the contract."""
 
 
 def check_model_info(info: pb.ModelInfo) -> None:
@@ -75,4 +72,4 @@ def _no_unspecified(values: object, where: str) -> None:
         raise CapabilityError(f"{where} must not contain UNSPECIFIED")
 
 
-__all__ = ["MODEL_LIMITS", "TASK_LIMITS", "TASK_LISTS", "CapabilityError", "check_model_info"]
+__all__ = ["MODEL_LIMITS", "TASK_LIMITS", "TASK_LISTS", "check_model_info"]

@@ -44,8 +44,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from .. import pb
-from ..config import ConfigError
-from ..errors import PermissionDenied, RequestError, Unauthenticated
+from ..errors import ConfigurationError, PermissionDenied, RequestError, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +157,9 @@ class TokenAuth:
             for number, entry in enumerate(tokens, 1):
                 name, token = entry if isinstance(entry, tuple) else (f"{scope.value}-{number}", entry)
                 if not _NAME.fullmatch(name):
-                    raise ConfigError(f"token name {name[:64]!r} is not 1-64 of A-Z a-z 0-9 _ . : -")
+                    raise ConfigurationError(f"token name {name[:64]!r} is not 1-64 of A-Z a-z 0-9 _ . : -")
                 if name in names:
-                    raise ConfigError(f"token name {name!r} is used twice; each token needs its own name")
+                    raise ConfigurationError(f"token name {name!r} is used twice; each token needs its own name")
                 names.add(name)
                 self._tokens.append((_digest(token.encode()), Grant(name, granted)))
 
@@ -256,16 +255,16 @@ def read_tokens(path: Path) -> list[str | NamedToken]:
         text = path.read_text(encoding="utf-8")
         mode = path.stat().st_mode
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the token file: {exc}") from None
+        raise ConfigurationError(f"{path}: cannot read the token file: {exc}") from None
     if mode & 0o077:
         log.warning("token file %s is readable by other users; chmod 600 it", path)
     lines = [line.split() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
-        raise ConfigError(f"{path}: the token file holds no token")
+        raise ConfigurationError(f"{path}: the token file holds no token")
     tokens: list[str | NamedToken] = []
     for number, fields in enumerate(lines, 1):
         if len(fields) > 2:
-            raise ConfigError(f"{path}: line {number} is not 'token' or 'name token'")  # the line is not echoed
+            raise ConfigurationError(f"{path}: line {number} is not 'token' or 'name token'")  # the line is not echoed
         _validate(fields[-1], f"{path}: token {number}")
         tokens.append((fields[0], fields[1]) if len(fields) == 2 else fields[0])
     return tokens
@@ -281,7 +280,7 @@ def _split(value: str, source: str) -> list[str | NamedToken]:
 def _validate(token: str, where: str) -> None:
     """A token must be sendable as gRPC metadata: printable ASCII without spaces (not echoed)."""
     if not all("!" <= char <= "~" for char in token):
-        raise ConfigError(f"{where} has characters other than printable ASCII without spaces")
+        raise ConfigurationError(f"{where} has characters other than printable ASCII without spaces")
 
 
 def _digest(token: bytes) -> bytes:

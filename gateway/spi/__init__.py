@@ -4,9 +4,11 @@
 ``EngineFacts``, the validated request types, the generation events with their
 ``EventStream``, the streaming helpers, and ``OutputTracker`` (one output of a token-by-token
 engine, stopping and text). ``openengine_gateway.pb`` gives the protobuf
-messages used for capabilities, load and events; ``openengine_gateway.errors`` the errors.
+messages used for capabilities, load and events; ``openengine_gateway.errors`` the errors;
+``ConfigurationError`` is here too, for a setting the user must fix (the command exits 2).
 """
 
+from ..errors import ConfigurationError
 from .backend import SPI_VERSION, Backend, BackendSettings, EngineFacts
 from .events import (
     Candidate,
@@ -57,6 +59,7 @@ __all__ = [
     "Candidate",
     "CandidateSelection",
     "ClassifyCall",
+    "ConfigurationError",
     "CumulativeOutput",
     "EmbedCall",
     "Endpoint",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.server.auth import RPC_ACCESS, Access, Grant, Scope, TokenAuth, read_tokens
 
 
@@ -19,7 +19,7 @@ def test_a_token_file_line_is_a_token_or_a_name_and_a_token(tmp_path: Path) -> N
     path.chmod(0o600)
     assert read_tokens(path) == [("alice", "tok-a"), "tok-b"]
     path.write_text("alice tok-a extra\n")
-    with pytest.raises(ConfigError, match="line 1") as error:
+    with pytest.raises(ConfigurationError, match="line 1") as error:
         read_tokens(path)
     assert "tok-a" not in str(error.value)
 
@@ -32,9 +32,9 @@ def test_names_label_tokens_and_must_be_unique() -> None:
     assert auth.grant(_metadata("d")) == Grant("observer-1", Scope.OBSERVER)
     assert auth.grant(_metadata("e")) is None
     assert "a" not in repr(auth).replace("TokenAuth", "").replace("inference", "").replace("and", "")
-    with pytest.raises(ConfigError, match="used twice"):
+    with pytest.raises(ConfigurationError, match="used twice"):
         TokenAuth([("x", "a")], [("x", "b")])
-    with pytest.raises(ConfigError, match="not 1-64"):
+    with pytest.raises(ConfigurationError, match="not 1-64"):
         TokenAuth([("no spaces allowed", "a")])
 
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.capabilities import CapabilityError, check_model_info
+from openengine_gateway.contract.capabilities import check_model_info
+from openengine_gateway.errors import CapabilityError
 
 LIMITS = (
     "max_context_length",

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 from openengine_gateway import cli
-from openengine_gateway.config import Config, ConfigError, EngineSection
-from openengine_gateway.plugins import InstalledBackend, PluginError
+from openengine_gateway.config import Config, EngineSection
+from openengine_gateway.errors import (
+    CapabilityError,
+    ConfigurationError,
+    EngineStartError,
+    PluginError,
+    SetupError,
+)
+from openengine_gateway.plugins import InstalledBackend
 
 
 @pytest.mark.parametrize(
@@ -36,7 +43,7 @@ def test_parse_driver_flags(tokens: list[str], expected: dict[str, Any]) -> None
 
 @pytest.mark.parametrize("tokens", [["model"], ["--seed", "3", "extra"], ["--"], ["-x", "1"], ["--=3"]])
 def test_parse_driver_flags_rejects_stray_arguments(tokens: list[str]) -> None:
-    with pytest.raises(ConfigError, match="driver options look like --name value"):
+    with pytest.raises(ConfigurationError, match="driver options look like --name value"):
         cli.parse_driver_flags(tokens)
 
 
@@ -74,7 +81,7 @@ def test_engines_from_the_config_without_backend() -> None:
 @pytest.mark.parametrize("argv", [["--model", "m"], ["--alias", "a"], ["--served-model-name", "n"], ["--seed", "1"]])
 def test_engine_options_need_a_backend(argv: list[str]) -> None:
     namespace, extra = args(*argv)
-    with pytest.raises(ConfigError, match="need --backend"):
+    with pytest.raises(ConfigurationError, match="need --backend"):
         cli._engine_sections(namespace, extra, Config())
 
 
@@ -117,7 +124,9 @@ def test_backends_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     assert "no backends installed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("error", [ConfigError("bad key"), PluginError("no such backend"), OSError("port in use")])
+@pytest.mark.parametrize(
+    "error", [ConfigurationError("bad key"), PluginError("no such backend"), OSError("port in use")]
+)
 def test_startup_errors_exit_2_with_the_message(
     error: Exception, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -174,7 +183,7 @@ def test_startup_objects_are_frozen_out_of_full_collections() -> None:
 )
 def test_a_flag_takes_exactly_the_values_its_config_key_does(argv: list[str], key: str) -> None:
     namespace, _ = args(*argv)
-    with pytest.raises(ConfigError, match=f"command line: invalid configuration\n  {key}: "):
+    with pytest.raises(ConfigurationError, match=f"command line: invalid configuration\n  {key}: "):
         cli._gateway_section(namespace, Config())
 
 
@@ -227,7 +236,6 @@ def test_a_signal_during_startup_stops_the_gateway_once_started(monkeypatch: pyt
 def test_an_engine_that_fails_to_start_is_one_error_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from openengine_gateway.launch import EngineStartError
 
     async def failing_start(*arguments: Any, **options: Any) -> Any:
         raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: no device")
@@ -246,8 +254,6 @@ def test_a_signal_that_also_stops_the_starting_engine_stops_the_gateway_quietly(
     """Ctrl-C in a terminal reaches the engine's own processes too: their failure is the stop, not an error."""
     import os
     import signal
-
-    from openengine_gateway.launch import EngineStartError
 
     async def interrupted_start(*arguments: Any, **options: Any) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -280,5 +286,27 @@ def test_metrics_stay_on_loopback_whatever_the_grpc_host(caplog: pytest.LogCaptu
     assert (options.host, options.metrics_host, options.metrics_tls) == ("0.0.0.0", "127.0.0.1", False)
     cli._server_options(cli._gateway_section(args("--metrics-host", "0.0.0.0", "--metrics-port", "0")[0], Config()))
     assert "metrics on 0.0.0.0 in plaintext" in caplog.text
-    with pytest.raises(ConfigError, match="--metrics-tls serves the gateway's certificate"):
+    with pytest.raises(ConfigurationError, match="--metrics-tls serves the gateway's certificate"):
         cli._server_options(cli._gateway_section(args("--metrics-tls")[0], Config()))
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConfigurationError("bad key"), 2),
+        (PluginError("no such backend"), 2),
+        (EngineStartError("engine 'm' (mock) failed to start: RuntimeError: no device"), 1),
+        (CapabilityError("ModelInfo.max_context_length is reported as 0; limits must be > 0"), 1),
+    ],
+)
+def test_a_setup_error_s_class_carries_its_exit_code(
+    error: SetupError, code: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def failing_run(coroutine: Coroutine[Any, Any, int]) -> int:
+        coroutine.close()
+        raise error
+
+    monkeypatch.setattr(cli, "_run", failing_run)
+    assert error.exit_code == code
+    assert cli.main(["--backend", "mock", "--port", "0"]) == code
+    assert capsys.readouterr().err == f"openengine-gateway: error: {error}\n"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from openengine_gateway.config import Config, ConfigError, engine_settings, load_config
+from openengine_gateway.config import Config, engine_settings, load_config
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.spi import BackendSettings
 from pydantic import Field
 
@@ -86,7 +87,7 @@ def test_a_full_file(tmp_path: Path) -> None:
 )
 def test_errors_name_the_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         load_config(path)
     message = raised.value.args[0]
     assert message.startswith(f"{path}: invalid configuration")
@@ -94,19 +95,19 @@ def test_errors_name_the_file_and_key(tmp_path: Path, text: str, key: str) -> No
 
 
 def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         load_config(write(tmp_path, "[gateway]\nport = 'x'\nhost = 1"))
     assert "gateway.port" in raised.value.args[0] and "gateway.host" in raised.value.args[0]
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigurationError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(ConfigurationError, match="not valid TOML"):
         load_config(write(tmp_path, "[gateway\nport = 1"))
     latin1 = tmp_path / "latin1.toml"
     latin1.write_bytes('[gateway]\nhost = "caf\xe9"\n'.encode("latin-1"))
-    with pytest.raises(ConfigError, match="not UTF-8 text"):
+    with pytest.raises(ConfigurationError, match="not UTF-8 text"):
         load_config(latin1)
 
 
@@ -131,7 +132,7 @@ def test_engine_settings_validate_with_the_driver_model() -> None:
     ],
 )
 def test_engine_settings_errors_name_the_key(options: dict[str, object], key: str) -> None:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         engine_settings(Settings, options, "engines[0] (fake) options")
     message = raised.value.args[0]
     assert message.startswith("engines[0] (fake) options: invalid configuration")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.capabilities import CapabilityError
-from openengine_gateway.engines import ConfigurationError, Engine, EngineSet
-from openengine_gateway.errors import InvalidArgument, NotFound
+from openengine_gateway.engines import Engine, EngineSet
+from openengine_gateway.errors import CapabilityError, ConfigurationError, InvalidArgument, NotFound
 from openengine_gateway.spi import BackendSettings
 
 from tests.fakes import FakeBackend, engine, engine_set

@@ -7,9 +7,8 @@ from typing import ClassVar
 
 import pytest
 from openengine_gateway import launch
-from openengine_gateway.config import Config, ConfigError, EngineSection, PluginsSection
-from openengine_gateway.contract.capabilities import CapabilityError
-from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.config import Config, EngineSection, PluginsSection
+from openengine_gateway.errors import CapabilityError, ConfigurationError, EngineStartError
 from openengine_gateway.plugins import InstalledBackend
 from openengine_gateway.spi import Backend, BackendSettings, EngineFacts
 from pydantic import Field
@@ -71,7 +70,7 @@ def test_served_name_fallbacks(loaded: object, section: EngineSection, served: s
 
 
 def test_invalid_options_name_the_engine_and_key(loaded: object) -> None:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines(
             [EngineSection(backend="fake"), EngineSection(backend="fake", options={"bogus": 1})], Config()
         )
@@ -80,14 +79,14 @@ def test_invalid_options_name_the_engine_and_key(loaded: object) -> None:
 
 
 def test_the_command_line_s_engine_is_named_as_given(loaded: object) -> None:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines([EngineSection(backend="fake", options={"bogus": 1})], Config(), command_line=True)
     assert raised.value.args[0].startswith("--backend fake options: invalid configuration\n  bogus: ")
 
 
 def test_an_option_from_backend_defaults_is_named_where_it_was_set(loaded: object) -> None:
     config = Config(backends={"fake": {"sede": 1, "seed": 2}})
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines([EngineSection(backend="fake", options={"seed": "x"})], config)
     lines = {line.split(":")[0].strip(): line for line in raised.value.args[0].splitlines()[1:]}
     assert lines["sede"] == "  sede: Extra inputs are not permitted (set in [backends.fake]; did you mean 'seed'?)"
@@ -105,7 +104,7 @@ def test_a_check_across_options_names_no_empty_key(loaded: object, monkeypatch: 
             return self
 
     monkeypatch.setattr(Driver, "Settings", Checked)
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines([EngineSection(backend="fake", options={"seed": 9})], Config())
     assert raised.value.args[0].endswith("options: invalid configuration\n  seed must not exceed max_running_requests")
 
@@ -186,14 +185,12 @@ async def test_a_failed_start_stops_the_engines_already_started(
     ]
     plans = launch.plan_engines(sections, Config())
     monkeypatch.setattr(launch, "plan_engines", lambda *_, **__: plans)  # keep hold of the backends
-    with pytest.raises(
-        launch.EngineStartError, match=r"engine 'c' \(fake\) failed to start: RuntimeError: cannot start m3"
-    ):
+    with pytest.raises(EngineStartError, match=r"engine 'c' \(fake\) failed to start: RuntimeError: cannot start m3"):
         await launch.start_engines(sections, Config())
     assert [plan.backend.stopped for plan in plans] == [True, True, False]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("error", [ConfigError, ConfigurationError, FileNotFoundError])
+@pytest.mark.parametrize("error", [ConfigurationError, FileNotFoundError])
 async def test_a_configuration_error_from_start_stays_one(
     loaded: object, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
 ) -> None:
@@ -214,7 +211,7 @@ async def test_an_engine_it_cannot_reach_failed_to_start(loaded: object, monkeyp
         raise ConnectionError("the remote OpenEngine server h:1 is not answering")
 
     monkeypatch.setattr(Driver, "start", unreachable)
-    with pytest.raises(launch.EngineStartError, match=r"failed to start: ConnectionError: the remote .* not answering"):
+    with pytest.raises(EngineStartError, match=r"failed to start: ConnectionError: the remote .* not answering"):
         await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from openengine_gateway import launch
-from openengine_gateway.config import Config, ConfigError, EngineSection, looks_like_path
+from openengine_gateway.config import Config, EngineSection, looks_like_path
+from openengine_gateway.errors import ConfigurationError
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,7 @@ def test_what_may_be_a_hub_id(model: str) -> None:
 @pytest.mark.parametrize(("model", "where"), [("./nope", " (relative to "), ("/nope/model", "")])
 def test_a_missing_model_path_is_a_usage_error_naming_it(model: str, where: str) -> None:
     section = EngineSection(backend="mock", options={"model": model})
-    with pytest.raises(ConfigError, match=f"--backend mock: model path '{model}' does not exist") as error:
+    with pytest.raises(ConfigurationError, match=f"--backend mock: model path '{model}' does not exist") as error:
         launch.plan_engines([section], Config(), command_line=True)
     assert where in str(error.value)
 

@@ -12,7 +12,7 @@ from openengine_gateway import pb
 from openengine_gateway.client import OpenEngineClient, StatusError, text_request
 from openengine_gateway.config import load_config
 from openengine_gateway.core.gateway import Gateway
-from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.launch import plan_engines, start_engines
 from openengine_gateway.server.app import GatewayServer, ServerOptions
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import stevedore._cache
-from openengine_gateway.plugins import GROUP, PluginError, installed_backends, load_backend, missing_packages
+from openengine_gateway.errors import PluginError
+from openengine_gateway.plugins import GROUP, installed_backends, load_backend, missing_packages
 from openengine_gateway.spi import Backend
 from stevedore import ExtensionManager
 

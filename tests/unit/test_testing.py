@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from openengine_gateway import pb
-from openengine_gateway.contract.capabilities import CapabilityError
+from openengine_gateway.errors import CapabilityError
 from openengine_gateway.spi import EngineFacts, OutputFinished, TokenDelta, TokenRecord, UsageReport
 from openengine_gateway.testing import serve_backends
 

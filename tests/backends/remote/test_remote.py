@@ -10,8 +10,7 @@ import grpc
 import pytest
 from openengine_backends.remote import RemoteBackend, RemoteSettings
 from openengine_gateway import pb
-from openengine_gateway.engines import ConfigurationError
-from openengine_gateway.errors import EngineFailure
+from openengine_gateway.errors import ConfigurationError, EngineFailure
 from openengine_gateway.spi import GenerationRequest, Stopping
 from openengine_gateway.testing import RunningGateway
 

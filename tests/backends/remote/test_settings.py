@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from openengine_backends import remote
 from openengine_backends.remote import RemoteBackend, RemoteSettings
-from openengine_gateway.config import ConfigError, engine_settings
+from openengine_gateway.config import engine_settings
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.spi import BackendSettings
 
 
 def test_target_is_required_and_flags_convert() -> None:
-    with pytest.raises(ConfigError, match="target"):
+    with pytest.raises(ConfigurationError, match="target"):
         engine_settings(RemoteSettings, {"model": "m"}, "engines[0] (remote) options")
     settings = engine_settings(
         RemoteSettings, {"target": "h:1", "tls": True, "call_timeout_s": "2.5", "kv_events": "off"}, "flags"
@@ -30,7 +31,7 @@ def test_target_is_required_and_flags_convert() -> None:
     ],
 )
 def test_inconsistent_options_are_refused(options: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         engine_settings(RemoteSettings, {"target": "h:1", **options}, "options")
 
 

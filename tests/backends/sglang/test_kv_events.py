@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.testing import RunningGateway
 
 from tests.responses import collect
@@ -174,7 +174,7 @@ async def test_an_ipc_publisher_is_subscribed_to_but_not_advertised(fake: types.
 
 async def test_an_inproc_publisher_is_refused_before_sglang_starts(fake: types.ModuleType) -> None:
     """SGLang binds ``inproc://`` inside its scheduler process: no gateway socket could connect."""
-    with pytest.raises(ConfigError, match="only inside SGLang's scheduler process"):
+    with pytest.raises(ConfigurationError, match="only inside SGLang's scheduler process"):
         await sglang(kv_events_config=zmq_config("inproc://cache")).start()
     assert fake_engine.ENGINES == []
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from openengine_backends.sglang import kv_publishers
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 
 from .test_capabilities import server
 
@@ -73,7 +73,7 @@ def test_rank_endpoints_as_sglang_offsets_them() -> None:
 
 
 def test_an_inproc_publisher_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigError, match="inproc://cache"):
+    with pytest.raises(ConfigurationError, match="inproc://cache"):
         kv_publishers.check_kv_events_config(json.dumps({"publisher": "zmq", "endpoint": "inproc://cache"}))
     kv_publishers.check_kv_events_config(json.dumps({"publisher": "null", "endpoint": "inproc://cache"}))
     kv_publishers.check_kv_events_config(None)

@@ -204,8 +204,8 @@ async def test_stop_aborts_everything_and_shuts_sglang_down(fake: types.ModuleTy
 
 
 async def test_an_unsupported_streaming_mode_is_a_config_error(fake: types.ModuleType) -> None:
-    from openengine_gateway.config import ConfigError
+    from openengine_gateway.errors import ConfigurationError
 
-    with pytest.raises(ConfigError, match="incremental_streaming_output"):
+    with pytest.raises(ConfigurationError, match="incremental_streaming_output"):
         async with serving(sglang(incremental_streaming_output=True)):
             pass

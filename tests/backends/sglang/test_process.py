@@ -13,7 +13,7 @@ import grpc
 import pytest
 from openengine_gateway import pb
 from openengine_gateway.config import Config, EngineSection
-from openengine_gateway.engines import ConfigurationError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.launch import plan_engines
 
 from tests.process import gateway_process

@@ -10,7 +10,7 @@ import types
 import pytest
 from openengine_backends.sglang import SglangBackend, SglangSettings
 from openengine_backends.sglang.server_args import parse_strings, server_kwargs
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.plugins import load_backend
 from pydantic import ValidationError
 
@@ -44,13 +44,13 @@ def test_command_line_strings_go_through_sglangs_parser(fake: types.ModuleType) 
 
 
 def test_unknown_names_and_bad_values_are_named(fake: types.ModuleType) -> None:
-    with pytest.raises(ConfigError, match="unknown server arguments: max_model_len"):
+    with pytest.raises(ConfigurationError, match="unknown server arguments: max_model_len"):
         server_kwargs("/m", {"max_model_len": "5"})
-    with pytest.raises(ConfigError, match="takes true or false"):
+    with pytest.raises(ConfigurationError, match="takes true or false"):
         server_kwargs("/m", {"enable_lora": "maybe"})
-    with pytest.raises(ConfigError, match="invalid server argument"):
+    with pytest.raises(ConfigurationError, match="invalid server argument"):
         server_kwargs("/m", {"grammar_backend": "regexes"})
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     ServerArgs.add_cli_args(parser)
-    with pytest.raises(ConfigError, match="invalid server argument"):
+    with pytest.raises(ConfigurationError, match="invalid server argument"):
         parse_strings(parser, "/m", {"context_length": "many"})

@@ -11,7 +11,7 @@ import regex
 from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings
 from openengine_backends.trtllm.mapping import trt_priority
 from openengine_gateway import pb
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 
 from tests.responses import collect, finished, text
 
@@ -394,7 +394,7 @@ async def test_prefill_and_decode_engines_hand_off_through_a_kv_session(fake: In
 async def test_a_prefill_engine_with_the_overlap_scheduler_on_is_refused_at_start() -> None:
     options = {"role": "prefill", "cache_transceiver_config": {"backend": "UCX"}}
     for value in (False, 0, "false", "Off"):
-        with pytest.raises(ConfigError, match="disable_overlap_scheduler=true"):
+        with pytest.raises(ConfigurationError, match="disable_overlap_scheduler=true"):
             await trtllm(disable_overlap_scheduler=value, **options).start()
 
 
@@ -428,9 +428,9 @@ async def test_health_runs_a_real_token_and_a_stopped_engine_is_not_ready() -> N
 
 
 async def test_bad_arguments_fail_the_start_naming_them() -> None:
-    with pytest.raises(ConfigError, match="unknown LLM arguments: max_model_len"):
+    with pytest.raises(ConfigurationError, match="unknown LLM arguments: max_model_len"):
         await trtllm(max_model_len=5).start()
-    with pytest.raises(ConfigError, match="needs cache_transceiver_config"):
+    with pytest.raises(ConfigurationError, match="needs cache_transceiver_config"):
         await trtllm(role="decode").start()
-    with pytest.raises(ConfigError, match="rejected its arguments"):
+    with pytest.raises(ConfigurationError, match="rejected its arguments"):
         await trtllm(max_seq_len="many").start()

@@ -8,7 +8,7 @@ import sys
 import pytest
 from openengine_backends.trtllm import TrtllmBackend, TrtllmSettings
 from openengine_backends.trtllm.llm_args import cli_value, llm_kwargs
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 from openengine_gateway.plugins import load_backend
 from pydantic import ValidationError
 
@@ -33,7 +33,7 @@ def test_an_argument_given_twice_or_model_in_the_table_is_an_error() -> None:
 def test_json_text_from_the_command_line_becomes_a_nested_config() -> None:
     assert cli_value('{"tokens_per_block": 32}') == {"tokens_per_block": 32}
     assert cli_value("512") == "512" and cli_value(7) == 7
-    with pytest.raises(ConfigError, match="does not parse"):
+    with pytest.raises(ConfigurationError, match="does not parse"):
         cli_value("{tokens_per_block: 32}")
 
 
@@ -43,14 +43,14 @@ def test_llm_kwargs_turn_statistics_on_and_name_unknown_arguments() -> None:
         "max_seq_len": "512",
     }
     assert llm_kwargs({"enable_iter_perf_stats": False}, KNOWN, role="aggregated") == {"enable_iter_perf_stats": False}
-    with pytest.raises(ConfigError, match="unknown LLM arguments: max_model_len"):
+    with pytest.raises(ConfigurationError, match="unknown LLM arguments: max_model_len"):
         llm_kwargs({"max_model_len": 512}, KNOWN, role="aggregated")
 
 
 def test_only_the_pytorch_backend_and_disaggregation_with_a_transceiver() -> None:
-    with pytest.raises(ConfigError, match="PyTorch backend"):
+    with pytest.raises(ConfigurationError, match="PyTorch backend"):
         llm_kwargs({"backend": "_autodeploy"}, KNOWN, role="aggregated")
-    with pytest.raises(ConfigError, match="prefill engine needs cache_transceiver_config"):
+    with pytest.raises(ConfigurationError, match="prefill engine needs cache_transceiver_config"):
         llm_kwargs({}, KNOWN, role="prefill")
     kwargs = llm_kwargs({"cache_transceiver_config": '{"backend": "UCX"}'}, KNOWN, role="decode")
     assert kwargs["cache_transceiver_config"] == {"backend": "UCX"}

@@ -229,7 +229,7 @@ def test_command_line_strings_become_engine_arguments() -> None:
     from openengine_backends.vllm import VllmSettings
     from openengine_backends.vllm.engine_args import engine_kwargs
     from openengine_gateway.cli import parse_driver_flags
-    from openengine_gateway.config import ConfigError
+    from openengine_gateway.errors import ConfigurationError
 
     flags = ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32", "--max-logprobs", "-1"]
     flags += ["--enable-prefix-caching", "false", "--kv-events-config", '{"enable_kv_cache_events": true}']
@@ -238,9 +238,9 @@ def test_command_line_strings_become_engine_arguments() -> None:
     assert kwargs["max_model_len"] == 512 and kwargs["max_logprobs"] == -1 and kwargs["dtype"] == "float32"
     assert kwargs["enforce_eager"] is True and kwargs["enable_prefix_caching"] is False
     assert kwargs["kv_events_config"].enable_kv_cache_events is True
-    with pytest.raises(ConfigError, match="unknown engine arguments: max_modle_len"):
+    with pytest.raises(ConfigurationError, match="unknown engine arguments: max_modle_len"):
         engine_kwargs({"max_modle_len": "512"})
-    with pytest.raises(ConfigError, match="enforce_eager takes true or false"):
+    with pytest.raises(ConfigurationError, match="enforce_eager takes true or false"):
         engine_kwargs({"enforce_eager": "maybe"})
-    with pytest.raises(ConfigError, match="max_num_seqs"):
+    with pytest.raises(ConfigurationError, match="max_num_seqs"):
         engine_kwargs({"max_num_seqs": "many"})

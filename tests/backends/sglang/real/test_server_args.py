@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.server_args import server_kwargs
-from openengine_gateway.config import ConfigError
+from openengine_gateway.errors import ConfigurationError
 
 DRIVER = Path(capabilities.__file__).parent
 
@@ -155,7 +155,7 @@ def test_string_options_go_through_sglangs_own_parser(tiny_model: Path) -> None:
     ],
 )
 def test_options_sglang_would_refuse(tiny_model: Path, options: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         server_kwargs(str(tiny_model), options)
 
 
