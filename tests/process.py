@@ -6,7 +6,9 @@
         assert await gateway.stop() == 0          # SIGTERM: drain, then exit 0
 
 The gateway binds a free loopback port; the address comes from its startup line. Its log goes
-to a file in ``cwd``, quoted in any failure. A process still running on exit is killed.
+to a file in ``cwd``, quoted in any failure. It leads a process group of its own, as a shell's
+job does, so a test can send the group a terminal's Ctrl-C without signalling pytest; a group
+still running on exit is killed, the engine processes in it included.
 """
 
 from __future__ import annotations
@@ -67,14 +69,15 @@ async def gateway_process(
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
+            start_new_session=True,
         )
     try:
         address = await asyncio.wait_for(_address(process, log), startup_s)
         yield GatewayProcess(process, address, log)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
 
 async def _address(process: asyncio.subprocess.Process, log: Path) -> str:

@@ -54,6 +54,7 @@ from .engine_args import engine_kwargs
 from .outputs import RequestStream
 from .pooling import PoolingEngine, PoolingModel, task_capabilities
 from .settings import VllmSettings
+from .shutdown import shut_down
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class VllmBackend(Backend):
             engine, self._engine = self._engine, None
             if engine.output_handler is not None:
                 engine.output_handler.cancel()
-            await asyncio.to_thread(engine.shutdown)
+            await asyncio.to_thread(shut_down, engine)
         if self._sockets is not None:
             self._sockets.cleanup()
 
