@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from openengine_gateway import pb
-from openengine_gateway.contract.generation import kv_session_to_proto
 from openengine_gateway.spi import (
     CandidateSelection,
     ClassifyCall,
     EmbedCall,
     GenerationRequest,
     Guidance,
+    KvSession,
     LogprobRequest,
     Media,
     ScoreCall,
@@ -45,7 +45,7 @@ def generate_request(request: GenerationRequest, model: str) -> pb.GenerateReque
     _logprobs(message.response, request)
     kv = message.kv
     if request.kv_session is not None:
-        kv.session.CopyFrom(kv_session_to_proto(request.kv_session))
+        kv.session.CopyFrom(kv_session_ref(request.kv_session))
     if request.data_parallel_rank is not None:
         kv.data_parallel_rank = request.data_parallel_rank
     if request.bypass_prefix_cache:
@@ -60,6 +60,19 @@ def generate_request(request: GenerationRequest, model: str) -> pb.GenerateReque
     if request.priority is not None:
         message.priority = request.priority
     return message
+
+
+def kv_session_ref(session: KvSession) -> pb.KvSessionRef:
+    """The ``KvSessionRef`` that hands ``session`` to the remote."""
+    ref = pb.KvSessionRef(
+        session_id=session.session_id,
+        transfer_backend=session.transfer_backend,
+        endpoints=[pb.KvEndpoint(host=e.host, port=e.port, protocol=e.protocol) for e in session.endpoints],
+        dp_rank=session.dp_rank,
+    )
+    if session.attributes:
+        ref.attributes_struct.update(dict(session.attributes))
+    return ref
 
 
 def _sampling(message: pb.SamplingParams, request: GenerationRequest) -> None:
@@ -211,6 +224,7 @@ __all__ = [
     "classify_request",
     "embed_request",
     "generate_request",
+    "kv_session_ref",
     "media_item",
     "score_request",
     "task_context",

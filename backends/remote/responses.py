@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from google.protobuf.json_format import MessageToDict
 from openengine_gateway import pb
-from openengine_gateway.contract.generation import kv_session_from_proto
 from openengine_gateway.errors import (
     AlreadyExists,
     Cancelled,
@@ -32,7 +31,9 @@ from openengine_gateway.errors import (
 )
 from openengine_gateway.spi import (
     Candidate,
+    Endpoint,
     GenerationEvent,
+    KvSession,
     OutputFinished,
     PrefillDone,
     PromptTokens,
@@ -90,6 +91,17 @@ def stop_match(match: pb.StopMatch) -> StopMatch | None:
     return None
 
 
+def kv_session(ref: pb.KvSessionRef) -> KvSession:
+    """The SPI value of the remote's ``KvSessionRef`` (attributes keep their JSON types)."""
+    return KvSession(
+        session_id=ref.session_id,
+        transfer_backend=ref.transfer_backend,
+        endpoints=tuple(Endpoint(e.host, e.port, e.protocol) for e in ref.endpoints),
+        dp_rank=ref.dp_rank,
+        attributes=MessageToDict(ref.attributes_struct) if ref.HasField("attributes_struct") else {},
+    )
+
+
 def engine_failure(error: pb.EngineError) -> EngineFailure:
     """The remote's terminal error, unchanged."""
     return EngineFailure(
@@ -125,7 +137,7 @@ def generation_events(response: pb.GenerateResponse) -> tuple[list[GenerationEve
     elif kind == "prompt":
         events.append(PromptTokens(_records(response.prompt.tokens)))
     elif kind == "prefill_ready":
-        events.append(PrefillDone(kv_session_from_proto(response.prefill_ready.kv_session)))
+        events.append(PrefillDone(kv_session(response.prefill_ready.kv_session)))
     elif kind == "error":
         return events, engine_failure(response.error)
     return events, None
@@ -155,6 +167,7 @@ def stream_failure(status: str, details: str) -> EngineFailure:
 __all__ = [
     "engine_failure",
     "generation_events",
+    "kv_session",
     "rejection",
     "stop_match",
     "stream_failure",

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..contract.registry import ActiveRequest, RequestRegistry
 from ..engines import Engine
 from .background import BackgroundTasks
+from .registry import ActiveRequest, RequestRegistry
 
 log = logging.getLogger(__name__)
 

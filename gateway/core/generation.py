@@ -21,8 +21,6 @@ from .. import pb
 from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_generate_fields
 from ..contract.generation import parse_generate
 from ..contract.limits import RequestLimits, check_generate
-from ..contract.lora import LoraRegistry
-from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation, GenerateEncoder
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure, internal_failure
@@ -32,6 +30,8 @@ from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
+from .lora import LoraRegistry
+from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
 from .telemetry import StreamClock, Telemetry, outcome
 

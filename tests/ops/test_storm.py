@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import grpc
 from openengine_backends.mock import MockBackend
 from openengine_gateway import pb
-from openengine_gateway.contract.registry import RequestRegistry
+from openengine_gateway.core.registry import RequestRegistry
 
 from tests.ops.conftest import Figures
 from tests.ops.streams import ending

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.registry import ActiveRequest
 from openengine_gateway.core.background import BackgroundTasks
 from openengine_gateway.core.gateway import Gateway, GatewayOptions
+from openengine_gateway.core.registry import ActiveRequest
 from openengine_gateway.core.state import GatewayState
 from openengine_gateway.errors import ResourceExhausted, Unavailable
 

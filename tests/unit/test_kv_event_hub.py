@@ -1,10 +1,10 @@
-"""``contract.kv_events.KvEventHub``: sequencing, replay, snapshots and bounded fan-out."""
+"""``core.kv_event_hub.KvEventHub``: sequencing, replay, snapshots and bounded fan-out."""
 
 from __future__ import annotations
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.kv_events import KvEventHub
+from openengine_gateway.core.kv_event_hub import KvEventHub
 from openengine_gateway.errors import EngineFailure, InvalidArgument, OutOfRange
 
 from tests.fakes import ready

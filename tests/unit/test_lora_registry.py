@@ -1,4 +1,4 @@
-"""``contract.lora.LoraRegistry``: the adapter lifecycle rules of the contract."""
+"""``core.lora.LoraRegistry`` and ``contract.lora``: the adapter lifecycle rules of the contract."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.lora import LoraRegistry, adapter_to_proto
+from openengine_gateway.contract.lora import adapter_to_proto
+from openengine_gateway.core.lora import LoraRegistry
 from openengine_gateway.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, RequestError
 from openengine_gateway.spi import LoraAdapter
 

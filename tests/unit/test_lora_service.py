@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.lora import LoraRegistry
-from openengine_gateway.core.lora import LoraService
+from openengine_gateway.core.lora import LoraRegistry, LoraService
 from openengine_gateway.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from openengine_gateway.spi import LoraAdapter
 

@@ -1,11 +1,11 @@
-"""``contract.registry``: the request-id namespace shared by Generate and the task RPCs."""
+"""``core.registry``: the request-id namespace shared by Generate and the task RPCs."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from openengine_gateway.contract.registry import ActiveRequest, RequestRegistry
+from openengine_gateway.core.registry import ActiveRequest, RequestRegistry
 from openengine_gateway.errors import AlreadyExists, ResourceExhausted
 
 

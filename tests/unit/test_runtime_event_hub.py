@@ -1,4 +1,4 @@
-"""``contract.runtime_events`` and ``contract.fanout``: filtered fan-out with bounded queues."""
+"""``core.runtime_event_hub`` and ``core.fanout``: filtered fan-out with bounded queues."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.fanout import Subscriber
-from openengine_gateway.contract.runtime_events import RuntimeEventHub
+from openengine_gateway.core.fanout import Subscriber
+from openengine_gateway.core.runtime_event_hub import RuntimeEventHub
 from openengine_gateway.errors import EngineFailure, InvalidArgument
 
 from tests.fakes import ready

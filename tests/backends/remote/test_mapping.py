@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from openengine_backends.mock import MockSettings
 from openengine_backends.mock.capabilities import model_info
-from openengine_backends.remote.mapping import classify_request, embed_request, generate_request, score_request
+from openengine_backends.remote.mapping import (
+    classify_request,
+    embed_request,
+    generate_request,
+    kv_session_ref,
+    score_request,
+)
+from openengine_backends.remote.responses import kv_session
 from openengine_gateway import pb
 from openengine_gateway.contract.generation import parse_generate
 from openengine_gateway.contract.tasks import parse_classify, parse_embed, parse_score
@@ -135,6 +142,12 @@ def test_decode_session_round_trip() -> None:
     restated = generate_request(parsed, "back")
     assert restated.kv.session == SESSION
     assert parse_generate(restated, served_name="front", model=MODEL, role=pb.ENGINE_ROLE_DECODE) == parsed
+
+
+def test_the_remote_session_conversions_are_inverse() -> None:
+    session = kv_session(SESSION)
+    assert session.attributes == {"remote_port": 5600, "blocks": [1, 2], "flag": True}
+    assert kv_session_ref(session) == SESSION and kv_session(kv_session_ref(session)) == session
 
 
 def test_defaults_stay_unset_for_the_remote_to_resolve() -> None:
