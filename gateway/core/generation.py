@@ -25,7 +25,7 @@ from ..contract.stream import ContractViolation, GenerateEncoder
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure, internal_failure
 from ..logs import bind_request_id
-from ..spi.events import EventStream, GenerationEvent, TokenDelta
+from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
@@ -33,7 +33,8 @@ from .callers import current_caller
 from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
-from .telemetry import StreamClock, Telemetry, outcome
+from .stream_end import Ending, StreamEnd
+from .telemetry import StreamClock, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -99,61 +100,62 @@ class GenerationService:
             owner=current_caller().name,
         )
         self._registry.admit(active)
-        pump: asyncio.Task[None] | None = None
-        finished = False
         try:
-            source = engine.backend.generate(parsed)
-            if isinstance(source, EventStream):
-                events = source
-            else:
-                events, pump = pump_events(source)
-            active.stop = lambda _reason: self._stop(engine, active, events)
-            active.on_failure = events.fail
-            if engine.role == pb.ENGINE_ROLE_PREFILL:
-                events.on_abandoned = lambda session: self._release(engine, session.session_id)
-            encoder = GenerateEncoder(
-                parsed.request_id,
-                num_outputs=parsed.sampling.num_sequences,
-                prefill=engine.role == pb.ENGINE_ROLE_PREFILL,
-                prompt_logprobs=parsed.prompt_logprobs is not None,
-            )
+            events, encoder = self._open(engine, parsed, active)
         except BaseException:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
-        telemetry = self._telemetry
-        rejected = failed = written = False
-        final: pb.GenerateResponse | None = None
+        end = StreamEnd()
         try:
-            clock = telemetry.clock() if telemetry is not None else None
+            clock = self._telemetry.clock() if self._telemetry is not None else None
             async for message in _encode(events, encoder, active, clock):
-                failed = message.HasField("error")
-                final = message
+                end.final = message
                 active.ended = encoder.done  # from its final message on, an Abort finds it finished
                 yield message
-            written = True  # grpc asks for the next message once the last one is written
-            # Only a successful stream leaves nothing running: after an error (the driver's, or a
-            # contract violation while the driver still runs) the driver is told to abort too.
-            finished = encoder.done and not active.aborted and not failed
+            end.read_all(complete=encoder.done)
         except RequestError:
-            rejected = True  # refused before its first message: never accepted, so never finished
+            end.rejected = True  # refused before its first message
             raise
         finally:
             active.ended = True
-            if finished or rejected:  # nothing runs in the driver: the id is free now
-                self._registry.release(active, finished=not rejected)
-            else:  # nobody reads the stream any more: what the driver still puts is dropped
-                events.cancel()
-                abort_then_release(self._background, self._registry, engine, active)
-            if final is not None and final.HasField("prefill_ready"):
-                session_id = final.prefill_ready.kv_session.session_id
-                if written:
-                    self._registry.remember_session(session_id, active.owner)
-                else:  # the client went away while its handoff was being written
-                    self._release(engine, session_id)
-            if pump is not None:
-                pump.cancel()
-            if telemetry is not None and not rejected:
-                _account(telemetry, final, finished=finished, failed=failed, aborted=active.aborted)
+            self._close(engine, active, events, end)
+
+    def _open(
+        self, engine: Engine, parsed: GenerationRequest, active: ActiveRequest
+    ) -> tuple[EventStream, GenerateEncoder]:
+        """Start the driver's stream and wire the request's abort and failure paths to it."""
+        events = engine.backend.generate(parsed)
+        active.stop = lambda _reason: self._stop(engine, active, events)
+        active.on_failure = events.fail
+        prefill = engine.role == pb.ENGINE_ROLE_PREFILL
+        if prefill:
+            events.on_abandoned = lambda session: self._release(engine, session.session_id)
+        encoder = GenerateEncoder(
+            parsed.request_id,
+            num_outputs=parsed.sampling.num_sequences,
+            prefill=prefill,
+            prompt_logprobs=parsed.prompt_logprobs is not None,
+        )
+        return events, encoder
+
+    def _close(self, engine: Engine, active: ActiveRequest, events: EventStream, end: StreamEnd) -> None:
+        """Free what the stream held, as the way it ended requires."""
+        ending = end.ending(aborted=active.aborted)
+        if ending is Ending.FINISHED or ending is Ending.REJECTED:  # nothing runs in the driver: the id is free now
+            self._registry.release(active, finished=ending is Ending.FINISHED)
+        else:  # nobody reads the stream any more: what the driver still puts is dropped
+            events.cancel()
+            abort_then_release(self._background, self._registry, engine, active)
+        final = end.final
+        if final is not None and final.HasField("prefill_ready"):
+            session_id = final.prefill_ready.kv_session.session_id
+            if end.written:
+                self._registry.remember_session(session_id, active.owner)
+            else:  # the client went away while its handoff was being written
+                self._release(engine, session_id)
+        events.detach()
+        if self._telemetry is not None and ending is not Ending.REJECTED:
+            _account(self._telemetry, final, ending)
 
     def _release(self, engine: Engine, session_id: str) -> None:
         """Free a prefill's KV session that no client received (the stream ended before its handoff)."""
@@ -177,15 +179,12 @@ def _cancel_if_open(events: EventStream) -> None:
         events.cancel()
 
 
-def _account(
-    telemetry: Telemetry, final: pb.GenerateResponse | None, *, finished: bool, failed: bool, aborted: bool
-) -> None:
-    """Count how a stream ended, and its tokens when its final message carried usage."""
-    ended = outcome(finished=finished, failed=failed, aborted=aborted)
-    telemetry.ended("generate", ended)
+def _account(telemetry: Telemetry, final: pb.GenerateResponse | None, ending: Ending) -> None:
+    """Count how an accepted stream ended, and its tokens when its final message carried usage."""
+    telemetry.ended("generate", ending.value)
     if final is not None and final.HasField("usage"):
         telemetry.usage(final.usage.prompt_tokens, final.usage.completion_tokens)
-    log.debug("generate ended: %s", ended)
+    log.debug("generate ended: %s", ending.value)
 
 
 async def _encode(
@@ -229,32 +228,4 @@ async def _encode(
     )
 
 
-def pump_events(source: AsyncIterator[GenerationEvent]) -> tuple[EventStream, asyncio.Task[None]]:
-    """Drain a driver's async generator into an ``EventStream`` on its own task.
-
-    The task decouples the engine from the client's pace (the stream coalesces while the
-    client lags) and gives the core one place to stop the driver's generator on abort.
-    """
-    stream = EventStream()
-
-    async def run() -> None:
-        try:
-            async for event in source:
-                if stream.closed:
-                    break
-                stream.put(event)
-            stream.finish()
-        except asyncio.CancelledError:
-            stream.cancel()
-            raise
-        except BaseException as exc:  # broad on purpose: the consumer reports it as EngineError
-            stream.fail(exc)
-        finally:
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
-
-    return stream, asyncio.create_task(run())
-
-
-__all__ = ["REPORTED_ABORT_GRACE_S", "GenerationService", "pump_events"]
+__all__ = ["REPORTED_ABORT_GRACE_S", "GenerationService"]

@@ -15,17 +15,18 @@ The protocol, per request:
   ``PrefillDone`` once (prefill engines);
 * failures are raised as ``EngineFailure`` (or ``EventStream.fail``).
 
-``EventStream`` is the hand-off point: engine-loop drivers ``put`` into it directly; the core
-wraps a driver's async generator in one. It coalesces: when the client reads slower than the
-engine produces, ready tokens of one output merge into one ``TokenDelta`` (so one message),
-while an idle stream delivers each event at once.
+``EventStream`` is what ``Backend.generate`` returns, the one hand-off point: engine-loop
+drivers ``put`` into it directly; a driver that awaits its engine per request writes an async
+generator and returns ``EventStream.from_iterator(generator)``. It coalesces: when the client
+reads slower than the engine produces, ready tokens of one output merge into one
+``TokenDelta`` (so one message), while an idle stream delivers each event at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from .. import pb
@@ -130,7 +131,7 @@ GenerationEvent = PromptTokens | TokenDelta | OutputFinished | PrefillDone | Usa
 class EventStream:
     """A per-request mailbox of generation events with adaptive coalescing.
 
-    The producer (an engine loop, or the core pumping a driver's generator) calls ``put``,
+    The producer (an engine loop, or the task ``from_iterator`` starts) calls ``put``,
     ``finish`` or ``fail``; all three are synchronous and never block. The consumer iterates.
     ``put`` never grows the queue for a token of an output that already has an unconsumed
     ``TokenDelta`` waiting: the tokens join that delta, which is how a lagging client gets
@@ -144,7 +145,7 @@ class EventStream:
     client knows its session's id, so only the core can release the KV it holds.
     """
 
-    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled", "on_abandoned")
+    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled", "on_abandoned", "producer")
 
     def __init__(self) -> None:
         self._pending: deque[GenerationEvent] = deque()
@@ -154,6 +155,44 @@ class EventStream:
         self.cancelled = False
         self.on_abandoned: Callable[[KvSession], object] | None = None
         """Called with the session of each ``PrefillDone`` nobody will read."""
+        self.producer: asyncio.Task[None] | None = None
+        """The task draining a driver's iterator into this stream (``from_iterator``), if any."""
+
+    @classmethod
+    def from_iterator(cls, source: AsyncIterator[GenerationEvent]) -> EventStream:
+        """A stream fed by ``source`` (a driver's async generator) on a task of its own.
+
+        The task decouples the engine from the client's pace (the stream coalesces while the
+        client lags) and gives the core one place to stop the generator: ``detach`` closes it
+        at once (its ``finally`` runs), and after ``cancel`` it is closed at its next event. A
+        failure it raises ends the stream after the events before it.
+        """
+        stream = cls()
+        stream.producer = asyncio.create_task(stream._drain(source))
+        return stream
+
+    async def _drain(self, source: AsyncIterator[GenerationEvent]) -> None:
+        try:
+            async for event in source:
+                if self._closed:
+                    break
+                self.put(event)
+            self.finish()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        except BaseException as exc:  # broad on purpose: the consumer reports it as EngineError
+            self.fail(exc)
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()
+
+    def detach(self) -> None:
+        """The consumer is done reading (core only): stop the producer task, if any, which
+        closes the driver's iterator. An engine loop's stream is left as it is."""
+        if self.producer is not None:
+            self.producer.cancel()
 
     @property
     def closed(self) -> bool:

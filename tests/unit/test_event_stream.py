@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from openengine_gateway import pb
 from openengine_gateway.errors import EngineFailure
 from openengine_gateway.spi import (
     EventStream,
+    GenerationEvent,
     KvSession,
     OutputFinished,
     PrefillDone,
@@ -250,3 +252,50 @@ async def _run_script(script: list[tuple[str, int]]) -> None:
     await take(None)
     assert received == sent
     assert all(len(event.tokens) == size for event, size in delivered)  # nothing grew after it was read
+
+
+# -- from_iterator: a driver's async generator, pumped on a task of its own ---------------------
+
+
+async def test_pump_coalesces_while_the_consumer_lags() -> None:
+    async def source() -> AsyncIterator[GenerationEvent]:
+        for i in range(5):
+            yield delta(0, i)
+
+    stream = EventStream.from_iterator(source())
+    await producer(stream)
+    (merged,) = await ready(stream)
+    assert isinstance(merged, TokenDelta) and [t.token_id for t in merged.tokens] == [0, 1, 2, 3, 4]
+
+
+async def test_pump_reports_a_failure_after_the_events() -> None:
+    async def source() -> AsyncIterator[GenerationEvent]:
+        yield delta(0, 1)
+        raise EngineFailure(pb.ERROR_CODE_INTERNAL, "boom")
+
+    stream = EventStream.from_iterator(source())
+    await producer(stream)
+    assert isinstance(await anext(stream), TokenDelta)
+    with pytest.raises(EngineFailure, match="boom"):
+        await anext(stream)
+
+
+async def test_detaching_cancels_the_pump_and_the_stream() -> None:
+    gate = asyncio.Event()
+
+    async def source() -> AsyncIterator[GenerationEvent]:
+        await gate.wait()
+        yield delta(0, 1)
+
+    stream = EventStream.from_iterator(source())
+    await asyncio.sleep(0)
+    stream.detach()
+    with pytest.raises(asyncio.CancelledError):
+        await producer(stream)
+    assert stream.cancelled and await ready(stream) == []
+
+
+def producer(stream: EventStream) -> asyncio.Task[None]:
+    """The task ``from_iterator`` started."""
+    assert stream.producer is not None
+    return stream.producer

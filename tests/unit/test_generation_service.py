@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 from openengine_gateway import pb
 from openengine_gateway.core import generation as generation_module
-from openengine_gateway.core.generation import GenerationService, pump_events
+from openengine_gateway.core.generation import GenerationService
 from openengine_gateway.errors import (
     AlreadyExists,
     EngineFailure,
@@ -20,6 +20,7 @@ from openengine_gateway.errors import (
     Unavailable,
 )
 from openengine_gateway.spi import (
+    EventStream,
     GenerationEvent,
     GenerationRequest,
     KvSession,
@@ -144,7 +145,7 @@ async def test_unknown_lora_is_not_found() -> None:
 async def test_driver_rejection_is_a_status_and_frees_the_id() -> None:
     parts, backend = CoreParts(), FakeBackend()
 
-    def reject(_request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def reject(_request: GenerationRequest) -> EventStream:
         raise InvalidArgument("this engine cannot do that")
 
     backend.on_generate = reject
@@ -355,7 +356,7 @@ async def test_client_going_away_stops_a_generator_driver() -> None:
     parts, backend = CoreParts(), FakeBackend()
     closed = asyncio.Event()
 
-    def endless(_request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def endless(_request: GenerationRequest) -> EventStream:
         async def run() -> AsyncIterator[GenerationEvent]:
             try:
                 while True:
@@ -364,7 +365,7 @@ async def test_client_going_away_stops_a_generator_driver() -> None:
             finally:
                 closed.set()
 
-        return run()
+        return EventStream.from_iterator(run())
 
     backend.on_generate = endless
     stream = service(parts, backend).generate(request())
@@ -372,47 +373,6 @@ async def test_client_going_away_stops_a_generator_driver() -> None:
     await stream.aclose()
     await asyncio.wait_for(closed.wait(), 1)
     await asyncio.wait_for(backend.abort_called.wait(), 1)
-
-
-# -- pump_events ----------------------------------------------------------------------------------
-
-
-async def test_pump_coalesces_while_the_consumer_lags() -> None:
-    async def source() -> AsyncIterator[GenerationEvent]:
-        for i in range(5):
-            yield delta(0, i)
-
-    stream, task = pump_events(source())
-    await task
-    (merged,) = await ready(stream)
-    assert isinstance(merged, TokenDelta) and [t.token_id for t in merged.tokens] == [0, 1, 2, 3, 4]
-
-
-async def test_pump_reports_a_failure_after_the_events() -> None:
-    async def source() -> AsyncIterator[GenerationEvent]:
-        yield delta(0, 1)
-        raise EngineFailure(pb.ERROR_CODE_INTERNAL, "boom")
-
-    stream, task = pump_events(source())
-    await task
-    assert isinstance(await anext(stream), TokenDelta)
-    with pytest.raises(EngineFailure, match="boom"):
-        await anext(stream)
-
-
-async def test_cancelled_pump_cancels_the_stream() -> None:
-    gate = asyncio.Event()
-
-    async def source() -> AsyncIterator[GenerationEvent]:
-        await gate.wait()
-        yield delta(0, 1)
-
-    stream, task = pump_events(source())
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert stream.cancelled and await ready(stream) == []
 
 
 async def test_an_id_stays_in_flight_until_the_driver_has_aborted_it() -> None:

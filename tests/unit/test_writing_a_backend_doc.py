@@ -13,6 +13,7 @@ from openengine_gateway.spi import (
     Backend,
     BackendSettings,
     EngineFacts,
+    EventStream,
     GenerationEvent,
     GenerationRequest,
     OutputFinished,
@@ -95,8 +96,8 @@ class _LateUsage(Backend):
     async def stop(self) -> None:
         return None
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        return self._events()
+    def generate(self, request: GenerationRequest) -> EventStream:
+        return EventStream.from_iterator(self._events())
 
     async def _events(self) -> AsyncIterator[GenerationEvent]:
         yield TokenDelta(0, [TokenRecord(5)], "a")

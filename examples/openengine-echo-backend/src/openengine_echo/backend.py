@@ -1,7 +1,8 @@
 """``EchoBackend``: the driver, in the shape every driver has.
 
 ``generate`` validates synchronously (a ``RequestError`` here is the client's gRPC status,
-before acceptance) and returns an async generator of events; the gateway drains it, turns the
+before acceptance) and returns an async generator of events in an ``EventStream``
+(``EventStream.from_iterator``), which drains it on a task of its own; the gateway turns the
 events into ``GenerateResponse`` messages and owns every stream invariant. Cancellation and
 ``Abort`` stop the generator from the gateway's side, so ``abort`` has nothing left to free.
 """
@@ -16,6 +17,7 @@ from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import (
     Backend,
     EngineFacts,
+    EventStream,
     GenerationEvent,
     GenerationRequest,
     Load,
@@ -71,7 +73,7 @@ class EchoBackend(Backend[EchoSettings]):
         """Nothing to release."""
         self._running.clear()
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> EventStream:
         """Validate now; echo later."""
         prompt = tokenize(request)
         outside = [t for t in request.stopping.stop_token_ids if t >= VOCAB_SIZE]
@@ -80,7 +82,7 @@ class EchoBackend(Backend[EchoSettings]):
         budget = resolve_max_tokens(
             request, len(prompt), self.settings.max_context_length, self.settings.max_context_length - 1
         )
-        return self._echo(request, prompt, budget)
+        return EventStream.from_iterator(self._echo(request, prompt, budget))
 
     async def _echo(self, request: GenerationRequest, prompt: list[int], budget: int) -> AsyncIterator[GenerationEvent]:
         stopping = request.stopping
