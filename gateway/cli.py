@@ -29,10 +29,21 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic.fields import FieldInfo
 
 from . import logs
-from .config import Config, EngineSection, GatewaySection, did_you_mean, load_config, with_flags
+from .config import (
+    Config,
+    CoreSettings,
+    EngineSection,
+    GatewaySection,
+    did_you_mean,
+    flag_of,
+    load_config,
+    with_flags,
+)
 from .core.gateway import Gateway, GatewayOptions
 from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import start_engines
@@ -103,10 +114,6 @@ def _parser(prog: str = "openengine-gateway") -> argparse.ArgumentParser:
     )
     parser.add_argument("--alias", action="append", default=[], help="another name for the model (repeatable)")
     parser.add_argument("--config", type=Path, help=f"configuration file (default: ./{DEFAULT_CONFIG} if present)")
-    parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=int, help="port to bind (default 50051; 0 picks a free port)")
-    parser.add_argument("--advertise-host", help="routable host to advertise instead of a wildcard bind address")
-    parser.add_argument("--drain-timeout", type=float, help="seconds a SIGTERM drain waits before aborting")
     parser.add_argument(
         "--log-level",
         type=str.upper,
@@ -114,68 +121,51 @@ def _parser(prog: str = "openengine-gateway") -> argparse.ArgumentParser:
         default=os.environ.get("OPENENGINE_LOG_LEVEL", "INFO"),
         help="log level (default INFO, or $OPENENGINE_LOG_LEVEL)",
     )
-    parser.add_argument("--log-format", choices=("text", "json"), help="log lines as text (default) or JSON")
-    security = parser.add_argument_group("security")
-    security.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
-    security.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    security.add_argument("--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed (mTLS)")
-    security.add_argument(
-        "--auth-token-file", type=Path, help="bearer tokens for every RPC, one a line (also $OPENENGINE_AUTH_TOKENS)"
-    )
-    security.add_argument(
-        "--control-token-file",
-        type=Path,
-        help="tokens for Abort(all), Drain and LoRA load/unload (also $OPENENGINE_CONTROL_TOKENS)",
-    )
-    security.add_argument(
-        "--observer-token-file",
-        type=Path,
-        help="tokens for the KV and runtime event streams (also $OPENENGINE_OBSERVER_TOKENS)",
-    )
-    security.add_argument(
-        "--lora-root", action="append", help="directory LoRA adapters must resolve into (repeatable; default any)"
-    )
-    limits = parser.add_argument_group(
-        "limits (past them: RESOURCE_EXHAUSTED; a task batch over its advertised size: INVALID_ARGUMENT)"
-    )
-    for flag, what in (
-        ("--max-in-flight", "concurrent requests (default 4096)"),
-        ("--max-in-flight-per-token", "concurrent requests of one token (default: --max-in-flight)"),
-        ("--max-subscriptions", "concurrent KV and runtime event subscriptions (default 1024)"),
-        ("--max-prompt-chars", "characters of a text prompt or task input"),
-        ("--max-prompt-tokens", "token ids of a token prompt or task input"),
-        ("--max-task-items", "inputs of one Embed/Classify/Score call"),
-        ("--max-message-bytes", "bytes of one gRPC message (default 64 MiB)"),
-    ):
-        limits.add_argument(flag, type=int, help=what)
-    bounds = parser.add_argument_group("bounds on client-sized fields (past them: INVALID_ARGUMENT)")
-    for flag, what in (
-        (
-            "--max-id-chars",
-            "characters of a request, session, item or group id, lora_name, cache_salt, metadata key or value "
-            "(default 1024)",
-        ),
-        ("--max-stop-conditions", "stop strings and stop token ids of one Generate (default 1024)"),
-        ("--max-stop-chars", "characters of one stop string (default 4096)"),
-        ("--max-guide-chars", "characters of a guided-decoding spec, or of all its choices (default 1048576)"),
-        ("--max-candidate-ids", "token ids of an explicit candidate selection (default 4096)"),
-        ("--max-num-sequences", "sequences of one Generate (narrows the advertised max_num_sequences) (default 128)"),
-        ("--max-metadata-entries", "entries of a request's metadata map (default 64)"),
-        ("--max-path-chars", "characters of a LoRA adapter's source_path (default 4096)"),
-    ):
-        bounds.add_argument(flag, type=int, help=what)
-    metrics = parser.add_argument_group("metrics")
-    metrics.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0 picks one)")
-    metrics.add_argument(
-        "--metrics-host", help="address for the metrics port (default 127.0.0.1: loopback only, whatever --host)"
-    )
-    metrics.add_argument(
-        "--metrics-tls",
-        action="store_true",
-        default=None,
-        help="serve metrics over HTTPS with --tls-cert/--tls-key (and --tls-client-ca: client certificates)",
-    )
+    _add_gateway_flags(parser)
     return parser
+
+
+FLAG_GROUPS = {
+    "security": "security",
+    "limits": "limits (past them: RESOURCE_EXHAUSTED; a task batch over its advertised size: INVALID_ARGUMENT)",
+    "bounds": "bounds on client-sized fields (past them: INVALID_ARGUMENT)",
+    "metrics": "metrics",
+}
+"""The ``--help`` groups a ``[gateway]`` key's ``Flag`` may name, with their titles ("" lists it with the rest)."""
+
+
+def _add_gateway_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``[gateway]`` key that declares one, named, typed and described by its field.
+
+    Every flag defaults to None, "not given", so that ``with_flags`` lays only the given ones over
+    the file; ``--help`` shows the key's own default instead.
+    """
+    groups = {"": parser, **{name: parser.add_argument_group(title) for name, title in FLAG_GROUPS.items()}}
+    for key, field in GatewaySection.model_fields.items():
+        flag = flag_of(field)
+        if flag is not None:
+            name = flag.spelled(key)
+            groups[flag.group].add_argument(name, dest=key, help=_help(field), **_flag_kind(name, field.annotation))
+
+
+def _help(field: FieldInfo) -> str:
+    """A key's ``--help`` line: its description, and its default unless that is unset (None, off, empty)."""
+    if field.default is None or field.default is False or field.default == []:
+        return f"{field.description}"
+    return f"{field.description} (default {field.default})"
+
+
+def _flag_kind(name: str, annotation: Any) -> dict[str, Any]:
+    """How argparse takes a key of this type: a switch, a choice, or a typed value (repeatable for a list)."""
+    if annotation is bool:
+        return {"action": "store_true", "default": None}
+    if get_origin(annotation) is Literal:
+        return {"choices": get_args(annotation)}
+    metavar = name.removeprefix("--").replace("-", "_").upper()
+    if get_origin(annotation) is list:
+        return {"action": "append", "metavar": metavar}
+    (kind,) = [arg for arg in get_args(annotation) if arg is not type(None)] or [annotation]
+    return {"type": kind, "metavar": metavar}
 
 
 def _config_path(explicit: Path | None) -> Path | None:
@@ -223,42 +213,9 @@ def gateway_flags() -> list[str]:
 
 
 def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection:
-    """``[gateway]`` with the flags over it: each flag is the key of the same name, validated alike."""
-    return with_flags(
-        config.gateway,
-        {
-            "host": args.host,
-            "port": args.port,
-            "advertise_host": args.advertise_host,
-            "drain_timeout_s": args.drain_timeout,
-            "log_format": args.log_format,
-            "tls_cert_file": args.tls_cert,
-            "tls_key_file": args.tls_key,
-            "tls_client_ca_file": args.tls_client_ca,
-            "auth_token_file": args.auth_token_file,
-            "control_token_file": args.control_token_file,
-            "observer_token_file": args.observer_token_file,
-            "lora_roots": args.lora_root,
-            "max_in_flight": args.max_in_flight,
-            "max_in_flight_per_token": args.max_in_flight_per_token,
-            "max_subscriptions": args.max_subscriptions,
-            "max_prompt_chars": args.max_prompt_chars,
-            "max_prompt_tokens": args.max_prompt_tokens,
-            "max_task_items": args.max_task_items,
-            "max_message_bytes": args.max_message_bytes,
-            "max_id_chars": args.max_id_chars,
-            "max_stop_conditions": args.max_stop_conditions,
-            "max_stop_chars": args.max_stop_chars,
-            "max_guide_chars": args.max_guide_chars,
-            "max_candidate_ids": args.max_candidate_ids,
-            "max_num_sequences": args.max_num_sequences,
-            "max_metadata_entries": args.max_metadata_entries,
-            "max_path_chars": args.max_path_chars,
-            "metrics_port": args.metrics_port,
-            "metrics_host": args.metrics_host,
-            "metrics_tls": args.metrics_tls,
-        },
-    )
+    """``[gateway]`` with the flags over it: each flag is its key, validated alike."""
+    flagged = (key for key, field in GatewaySection.model_fields.items() if flag_of(field) is not None)
+    return with_flags(config.gateway, {key: getattr(args, key) for key in flagged})
 
 
 async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -284,26 +241,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     logs.configure(args.log_level, section.log_format)
     sections = _engine_sections(args, extra, config)
     options = GatewayOptions(
-        max_in_flight=section.max_in_flight,
-        max_in_flight_per_token=section.max_in_flight_per_token,
-        max_subscriptions=section.max_subscriptions,
-        max_prompt_chars=section.max_prompt_chars,
-        max_prompt_tokens=section.max_prompt_tokens,
-        max_task_items=section.max_task_items,
-        max_id_chars=section.max_id_chars,
-        max_stop_conditions=section.max_stop_conditions,
-        max_stop_chars=section.max_stop_chars,
-        max_guide_chars=section.max_guide_chars,
-        max_candidate_ids=section.max_candidate_ids,
-        max_num_sequences=section.max_num_sequences,
-        max_metadata_entries=section.max_metadata_entries,
-        max_path_chars=section.max_path_chars,
-        health_poll_s=section.health_poll_s,
-        finished_window=section.finished_window,
-        kv_replay_batches=section.kv_replay_batches,
-        subscriber_queue=section.subscriber_queue,
-        probe_timeout_s=section.probe_timeout_s,
-        lora_roots=tuple(section.lora_roots),
+        **section.model_dump(include=set(CoreSettings.model_fields)),
         advertise_host=section.advertise_host or _routable(section.host),
     )
     drain_timeout = section.drain_timeout_s

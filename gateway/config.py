@@ -19,7 +19,9 @@ The file has four tables, all optional::
     options = { model = "mock-model" }
 
 An engine's options are its backend's defaults overlaid with its own ``options``, validated
-by the driver's settings model; every error names the offending key.
+by the driver's settings model; every error names the offending key. Each ``[gateway]`` key is
+declared once, as a field of ``GatewaySection``: its default, bounds, ``--help`` line and flag
+(``Flag``), from which the command line and the core's ``GatewayOptions`` are derived.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigurationError
 from .spi.backend import BackendSettings
@@ -46,44 +50,142 @@ class PluginsSection(_Strict):
     allow: list[str] | None = None
 
 
-class GatewaySection(_Strict):
-    """Engine-neutral serving options (command-line flags override them)."""
+@dataclass(frozen=True)
+class Flag:
+    """The command-line flag of a ``[gateway]`` key: the ``--help`` group it is listed in, and its
+    name where it is not the key's (``--tls-cert`` for ``tls_cert_file``). A key without one is
+    set in the file only."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=50051, ge=0, le=65535)
-    advertise_host: str | None = None
-    max_in_flight: int | None = Field(default=4096, gt=0)
-    max_in_flight_per_token: int | None = Field(default=None, gt=0)
-    max_subscriptions: int | None = Field(default=1024, gt=0)
-    max_prompt_chars: int | None = Field(default=None, gt=0)
-    max_prompt_tokens: int | None = Field(default=None, gt=0)
-    max_task_items: int | None = Field(default=None, gt=0)
-    max_id_chars: int = Field(default=1024, gt=0)
-    max_stop_conditions: int = Field(default=1024, gt=0)
-    max_stop_chars: int = Field(default=4096, gt=0)
-    max_guide_chars: int = Field(default=1024 * 1024, gt=0)
-    max_candidate_ids: int = Field(default=4096, gt=0)
-    max_num_sequences: int = Field(default=128, gt=0)
-    max_metadata_entries: int = Field(default=64, gt=0)
-    max_path_chars: int = Field(default=4096, gt=0)
-    health_poll_s: float = Field(default=1.0, gt=0)
-    finished_window: int = Field(default=65536, gt=0)
-    kv_replay_batches: int = Field(default=4096, gt=0)
-    subscriber_queue: int = Field(default=1024, gt=0)
-    probe_timeout_s: float = Field(default=30.0, gt=0)
-    drain_timeout_s: float = Field(default=30.0, ge=0)
-    lora_roots: list[str] = []
-    max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
-    auth_token_file: Path | None = None
-    control_token_file: Path | None = None
-    observer_token_file: Path | None = None
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    metrics_host: str = "127.0.0.1"
-    metrics_tls: bool = False
-    log_format: Literal["text", "json"] = "text"
+    group: str = ""
+    name: str = ""
+
+    def spelled(self, key: str) -> str:
+        """The flag as typed: its own name, else the key's with dashes (``--max-in-flight``)."""
+        return self.name or "--" + key.replace("_", "-")
+
+
+def flag_of(field: FieldInfo) -> Flag | None:
+    """The ``Flag`` a ``[gateway]`` key declares, or None for a key the file alone sets."""
+    return next((item for item in field.metadata if isinstance(item, Flag)), None)
+
+
+class CoreSettings(_Strict):
+    """The ``[gateway]`` keys the gateway core applies (``core.gateway.GatewayOptions``): admission
+    limits, bounds on client-sized fields, retention and polling. Each field is declared here once:
+    its default, its constraint, its flag and its ``--help`` line (the description)."""
+
+    max_in_flight: Annotated[int | None, Flag("limits")] = Field(default=4096, gt=0, description="concurrent requests")
+    max_in_flight_per_token: Annotated[int | None, Flag("limits")] = Field(
+        default=None, gt=0, description="concurrent requests of one token (default: --max-in-flight)"
+    )
+    max_subscriptions: Annotated[int | None, Flag("limits")] = Field(
+        default=1024, gt=0, description="concurrent KV and runtime event subscriptions"
+    )
+    max_prompt_chars: Annotated[int | None, Flag("limits")] = Field(
+        default=None, gt=0, description="characters of a text prompt or task input"
+    )
+    max_prompt_tokens: Annotated[int | None, Flag("limits")] = Field(
+        default=None, gt=0, description="token ids of a token prompt or task input"
+    )
+    max_task_items: Annotated[int | None, Flag("limits")] = Field(
+        default=None, gt=0, description="inputs of one Embed/Classify/Score call"
+    )
+    max_id_chars: Annotated[int, Flag("bounds")] = Field(
+        default=1024,
+        gt=0,
+        description="characters of a request, session, item or group id, lora_name, cache_salt, metadata key or value",
+    )
+    max_stop_conditions: Annotated[int, Flag("bounds")] = Field(
+        default=1024, gt=0, description="stop strings and stop token ids of one Generate"
+    )
+    max_stop_chars: Annotated[int, Flag("bounds")] = Field(
+        default=4096, gt=0, description="characters of one stop string"
+    )
+    max_guide_chars: Annotated[int, Flag("bounds")] = Field(
+        default=1024 * 1024, gt=0, description="characters of a guided-decoding spec, or of all its choices"
+    )
+    max_candidate_ids: Annotated[int, Flag("bounds")] = Field(
+        default=4096, gt=0, description="token ids of an explicit candidate selection"
+    )
+    max_num_sequences: Annotated[int, Flag("bounds")] = Field(
+        default=128, gt=0, description="sequences of one Generate (narrows the advertised max_num_sequences)"
+    )
+    max_metadata_entries: Annotated[int, Flag("bounds")] = Field(
+        default=64, gt=0, description="entries of a request's metadata map"
+    )
+    max_path_chars: Annotated[int, Flag("bounds")] = Field(
+        default=4096, gt=0, description="characters of a LoRA adapter's source_path"
+    )
+    health_poll_s: float = Field(
+        default=1.0, gt=0, description="how often each engine's health and load are checked in the background"
+    )
+    finished_window: int = Field(
+        default=65536, gt=0, description="finished request ids remembered, so that `Abort` of one says ALREADY_FINISHED"
+    )
+    kv_replay_batches: int = Field(
+        default=4096, gt=0, description="KV event batches retained per rank for replay (`start_sequence_number`)"
+    )
+    subscriber_queue: int = Field(
+        default=1024,
+        gt=0,
+        description="events a KV or runtime event subscriber may fall behind by before it is ended (retryable)",
+    )
+    probe_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a Health inference probe may take before the engine is reported NOT_READY",
+    )
+    lora_roots: Annotated[list[str], Flag("security", "--lora-root")] = Field(
+        default=[], description="directory LoRA adapters must resolve into (repeatable; default any)"
+    )
+
+
+class GatewaySection(CoreSettings):
+    """``[gateway]``: engine-neutral serving options; the command line's flags, derived from these
+    fields, override them."""
+
+    host: Annotated[str, Flag()] = Field(default="127.0.0.1", description="address to bind; loopback only unless set")
+    port: Annotated[int, Flag()] = Field(default=50051, ge=0, le=65535, description="port to bind; 0 picks a free port")
+    advertise_host: Annotated[str | None, Flag()] = Field(
+        default=None, description="routable host to advertise instead of a wildcard bind address"
+    )
+    drain_timeout_s: Annotated[float, Flag(name="--drain-timeout")] = Field(
+        default=30.0, ge=0, description="seconds a SIGTERM drain waits before aborting"
+    )
+    log_format: Annotated[Literal["text", "json"], Flag()] = Field(
+        default="text", description="log lines as text or JSON"
+    )
+    max_message_bytes: Annotated[int, Flag("limits")] = Field(
+        default=64 * 1024 * 1024, gt=0, description="bytes of one gRPC message"
+    )
+    tls_cert_file: Annotated[Path | None, Flag("security", "--tls-cert")] = Field(
+        default=None, description="PEM certificate chain: serve TLS"
+    )
+    tls_key_file: Annotated[Path | None, Flag("security", "--tls-key")] = Field(
+        default=None, description="PEM private key of --tls-cert"
+    )
+    tls_client_ca_file: Annotated[Path | None, Flag("security", "--tls-client-ca")] = Field(
+        default=None, description="PEM CA: require client certificates it signed (mTLS)"
+    )
+    auth_token_file: Annotated[Path | None, Flag("security")] = Field(
+        default=None, description="bearer tokens for every RPC, one a line (also $OPENENGINE_AUTH_TOKENS)"
+    )
+    control_token_file: Annotated[Path | None, Flag("security")] = Field(
+        default=None, description="tokens for Abort(all), Drain and LoRA load/unload (also $OPENENGINE_CONTROL_TOKENS)"
+    )
+    observer_token_file: Annotated[Path | None, Flag("security")] = Field(
+        default=None, description="tokens for the KV and runtime event streams (also $OPENENGINE_OBSERVER_TOKENS)"
+    )
+    metrics_port: Annotated[int | None, Flag("metrics")] = Field(
+        default=None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 picks one)"
+    )
+    metrics_host: Annotated[str, Flag("metrics")] = Field(
+        default="127.0.0.1", description="address for the metrics port; loopback only unless set, whatever --host"
+    )
+    metrics_tls: Annotated[bool, Flag("metrics")] = Field(
+        default=False,
+        description="serve metrics over HTTPS with --tls-cert/--tls-key (and --tls-client-ca: client certificates)",
+    )
 
 
 GATEWAY_PATH_FIELDS = tuple(
@@ -237,11 +339,14 @@ def engine_settings(
 
 __all__ = [
     "Config",
+    "CoreSettings",
     "EngineSection",
+    "Flag",
     "GatewaySection",
     "PluginsSection",
     "did_you_mean",
     "engine_settings",
+    "flag_of",
     "load_config",
     "looks_like_path",
     "with_flags",

@@ -10,21 +10,22 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from dataclasses import dataclass
+
+from pydantic import ConfigDict
 
 from .. import pb
+from ..config import CoreSettings
 from ..contract.bounds import FieldBounds, advertise_bounds
 from ..contract.limits import RequestLimits, advertise_task_limits
-from ..contract.lora import LoraRegistry
-from ..contract.registry import RequestRegistry
 from ..engines import EngineSet
 from .background import BackgroundTasks
 from .discovery import DiscoveryService
 from .events import EventService
 from .generation import GenerationService
 from .lifecycle import LifecycleService
-from .lora import LoraService
+from .lora import LoraRegistry, LoraService
 from .monitor import EngineMonitor
+from .registry import RequestRegistry
 from .state import GatewayState
 from .tasks import TaskService
 from .telemetry import Telemetry
@@ -32,52 +33,13 @@ from .telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GatewayOptions:
-    """Engine-neutral limits and behaviour, from the command line or ``plugins.toml``."""
+class GatewayOptions(CoreSettings):
+    """What the core applies: its ``[gateway]`` keys (``config.CoreSettings``, where each is declared
+    with its default and meaning) and two values the command line resolves rather than takes as set.
+    Frozen, so that one instance is a safe default argument."""
 
-    max_in_flight: int | None = 4096
-    """Concurrent requests (all kinds) before RESOURCE_EXHAUSTED (with a retry hint); None = unlimited."""
-    max_in_flight_per_token: int | None = None
-    """Concurrent requests started with one token (by its name) before RESOURCE_EXHAUSTED (with a
-    retry hint), so one client cannot take every slot; None = only ``max_in_flight``."""
-    max_subscriptions: int | None = 1024
-    """Concurrent KV and runtime event subscriptions before RESOURCE_EXHAUSTED; None = unlimited."""
-    max_prompt_chars: int | None = None
-    """Characters of one text prompt or task input before RESOURCE_EXHAUSTED; None = the engine's limit."""
-    max_prompt_tokens: int | None = None
-    """Token ids of one token prompt or task input before RESOURCE_EXHAUSTED; None = the engine's limit."""
-    max_task_items: int | None = None
-    """Inputs of one Embed/Classify call (queries and candidates of a Score call); None = the engine's."""
-    max_id_chars: int = 1024
-    """Bound (INVALID_ARGUMENT past it): characters of an identifier (request_id, KV session ids,
-    lora_name, cache_salt, item and group ids, metadata keys and values)."""
-    max_stop_conditions: int = 1024
-    """Bound (INVALID_ARGUMENT past it): stop strings and stop token ids of one Generate."""
-    max_stop_chars: int = 4096
-    """Bound (INVALID_ARGUMENT past it): characters of one stop string."""
-    max_guide_chars: int = 1024 * 1024
-    """Bound (INVALID_ARGUMENT past it): characters of a guided-decoding spec, or of all its choices."""
-    max_candidate_ids: int = 4096
-    """Bound (INVALID_ARGUMENT past it): token ids of an explicit candidate selection."""
-    max_num_sequences: int = 128
-    """Bound (INVALID_ARGUMENT past it): sequences of one Generate (narrows the advertised max_num_sequences)."""
-    max_metadata_entries: int = 64
-    """Bound (INVALID_ARGUMENT past it): entries of a request's metadata map."""
-    max_path_chars: int = 4096
-    """Bound (INVALID_ARGUMENT past it): characters of a LoRA adapter's source_path."""
-    health_poll_s: float = 1.0
-    """How often each engine's health and load are checked in the background (``core.monitor``)."""
-    finished_window: int = 65536
-    """How many finished request ids ``Abort`` remembers (ALREADY_FINISHED)."""
-    kv_replay_batches: int = 4096
-    """KV event batches retained per rank for replay."""
-    subscriber_queue: int = 1024
-    """Events a subscriber may fall behind by before it is ended with a retryable error."""
-    probe_timeout_s: float = 30.0
-    """How long a Health inference probe may take."""
-    lora_roots: tuple[str, ...] = ()
-    """Directories LoRA adapters must resolve into; empty = any directory."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     advertise_host: str = "127.0.0.1"
     """The routable host advertised in place of a wildcard bind address."""
     instance_id: str = ""
@@ -87,7 +49,7 @@ class GatewayOptions:
 class Gateway:
     """Every OpenEngine RPC, engine-neutral, over ``engines``."""
 
-    def __init__(self, engines: EngineSet, options: GatewayOptions = GatewayOptions()) -> None:
+    def __init__(self, engines: EngineSet, options: GatewayOptions = GatewayOptions()) -> None:  # noqa: B008 (frozen)
         self.engines = engines
         self.options = options
         self.state = GatewayState()

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from openengine_gateway import cli
-from openengine_gateway.config import Config, EngineSection
+from openengine_gateway.config import Config, CoreSettings, EngineSection, GatewaySection, flag_of
+from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.errors import (
     CapabilityError,
     ConfigurationError,
@@ -236,7 +237,6 @@ def test_a_signal_during_startup_stops_the_gateway_once_started(monkeypatch: pyt
 def test_an_engine_that_fails_to_start_is_one_error_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-
     async def failing_start(*arguments: Any, **options: Any) -> Any:
         raise EngineStartError("engine 'm' (mock) failed to start: RuntimeError: no device")
 
@@ -271,7 +271,6 @@ def test_a_signal_that_also_stops_the_starting_engine_stops_the_gateway_quietly(
 
 def test_every_bound_is_a_flag_and_a_key_with_the_gateways_default() -> None:
     from openengine_gateway.contract.bounds import FieldBounds
-    from openengine_gateway.core.gateway import GatewayOptions
 
     section = cli._gateway_section(args()[0], Config())
     for name in FieldBounds.__dataclass_fields__:
@@ -288,6 +287,42 @@ def test_metrics_stay_on_loopback_whatever_the_grpc_host(caplog: pytest.LogCaptu
     assert "metrics on 0.0.0.0 in plaintext" in caplog.text
     with pytest.raises(ConfigurationError, match="--metrics-tls serves the gateway's certificate"):
         cli._server_options(cli._gateway_section(args("--metrics-tls")[0], Config()))
+
+
+def _file_only_keys_in_the_docs() -> dict[str, tuple[float, str]]:
+    """The ``Tuning keys (plugins.toml only)`` table of docs/operations.md: key -> (default, meaning)."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    table = text.split("## Tuning keys (plugins.toml only)", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| `")]
+    return {key.strip().strip("`"): (float(default), meaning.strip()) for key, default, meaning in rows}
+
+
+def test_every_gateway_key_is_a_flag_with_the_key_s_default_or_a_documented_file_only_key() -> None:
+    """The flags are derived from ``GatewaySection``: none is missing, none has a default of its own."""
+    parser = cli._parser()
+    by_dest = {action.dest: action for action in parser._actions}
+    file_only: dict[str, tuple[object, str | None]] = {}
+    for key, field in GatewaySection.model_fields.items():
+        flag = flag_of(field)
+        if flag is None:
+            file_only[key] = (field.default, field.description)
+            continue
+        action = by_dest[key]
+        assert action.option_strings == [flag.spelled(key)], key
+        assert action.default is None, key  # "not given": the file's value or the key's default applies
+        if field.default not in (None, False, []):
+            assert f"(default {field.default})" in (action.help or ""), key
+    assert _file_only_keys_in_the_docs() == file_only
+    assert cli._gateway_section(args()[0], Config()) == GatewaySection()
+
+
+def test_the_core_s_options_are_its_gateway_keys() -> None:
+    """``GatewayOptions`` holds no default of its own: each core key is the section's."""
+    section = GatewaySection()
+    options = GatewayOptions()
+    for key in CoreSettings.model_fields:
+        assert getattr(options, key) == getattr(section, key), key
+    assert set(GatewayOptions.model_fields) - set(CoreSettings.model_fields) == {"advertise_host", "instance_id"}
 
 
 @pytest.mark.parametrize(
