@@ -1,5 +1,7 @@
-"""Engine-neutral contract rules: validation, stream encoding, request ids, event hubs.
+"""Engine-neutral contract rules and values: validation, capability checks, stream encoding.
 
-Nothing here imports grpc or awaits an engine; ``openengine_gateway.core`` applies these
-rules to the running engines and ``openengine_gateway.server`` puts them on the wire.
+Pure: nothing here imports grpc, awaits an engine or holds state beyond one request; the
+stateful objects that apply these rules (the request registry, the LoRA registry, the event
+hubs) are ``openengine_gateway.core``'s, and ``openengine_gateway.server`` puts the results
+on the wire.
 """
