@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Any, TypeVar
 
 from openengine_gateway import pb
-from openengine_gateway.contract.lora import LoraRegistry
-from openengine_gateway.contract.registry import RequestRegistry
 from openengine_gateway.core.background import BackgroundTasks
+from openengine_gateway.core.lora import LoraRegistry
+from openengine_gateway.core.registry import RequestRegistry
 from openengine_gateway.core.state import GatewayState
 from openengine_gateway.engines import Engine, EngineSet
 from openengine_gateway.spi import (
@@ -30,6 +30,8 @@ from openengine_gateway.spi import (
     GenerationEvent,
     GenerationRequest,
     HealthCheck,
+    KvEventBatch,
+    KvEventSource,
     Load,
     LoraAdapter,
     ScoreCall,
@@ -38,7 +40,7 @@ from openengine_gateway.spi import (
 )
 
 T = TypeVar("T")
-GenerateHandler = Callable[[GenerationRequest], "AsyncIterator[GenerationEvent] | EventStream"]
+GenerateHandler = Callable[[GenerationRequest], EventStream]
 
 
 class FakeBackend(Backend[BackendSettings]):
@@ -100,8 +102,8 @@ class FakeBackend(Backend[BackendSettings]):
         self.report_kv_sessions = False
         """When set, ``load`` reports ``active_kv_sessions`` as the sessions held right now."""
         self.health_checks = [HealthCheck("model", pb.HEALTH_STATE_READY, "ok")]
-        self.event_sources: list[pb.KvEventSource] = []
-        self.kv_queue: asyncio.Queue[pb.KvEventBatch | BaseException | None] = asyncio.Queue()
+        self.event_sources: list[KvEventSource] = []
+        self.kv_queue: asyncio.Queue[KvEventBatch | BaseException | None] = asyncio.Queue()
         self.runtime_queue: asyncio.Queue[pb.RuntimeEvent | BaseException | None] = asyncio.Queue()
         self.started = False
         self.stopped = False
@@ -113,10 +115,10 @@ class FakeBackend(Backend[BackendSettings]):
     async def stop(self) -> None:
         self.stopped = True
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> EventStream:
         self.requests.append(request)
         if self.on_generate is not None:
-            return self.on_generate(request)  # type: ignore[return-value]
+            return self.on_generate(request)
         stream = EventStream()
         self.streams[request.request_id] = stream
         return stream
@@ -169,10 +171,10 @@ class FakeBackend(Backend[BackendSettings]):
     async def check_health(self) -> list[HealthCheck]:
         return list(self.health_checks)
 
-    def kv_event_sources(self) -> list[pb.KvEventSource]:
+    def kv_event_sources(self) -> list[KvEventSource]:
         return list(self.event_sources)
 
-    async def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:  # type: ignore[override]
+    async def kv_events(self) -> AsyncIterator[KvEventBatch]:  # type: ignore[override]
         while (item := await self.kv_queue.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
@@ -188,14 +190,14 @@ class FakeBackend(Backend[BackendSettings]):
 def scripted(*events: GenerationEvent, error: BaseException | None = None) -> GenerateHandler:
     """An ``on_generate`` handler whose async generator yields ``events`` (then raises ``error``)."""
 
-    def handler(_request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def handler(_request: GenerationRequest) -> EventStream:
         async def run() -> AsyncIterator[GenerationEvent]:
             for event in events:
                 yield event
             if error is not None:
                 raise error
 
-        return run()
+        return EventStream.from_iterator(run())
 
     return handler
 

@@ -15,18 +15,25 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 from openengine_gateway import __version__, pb
-from openengine_gateway.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from openengine_gateway.errors import InvalidArgument, ResourceExhausted, Unavailable
 from openengine_gateway.spi import (
     Backend,
-    BackendSettings,
+    Classification,
     ClassifyCall,
     EmbedCall,
+    Embedding,
     EngineFacts,
     EventStream,
     GenerationRequest,
+    HealthCheck,
+    KvEventBatch,
+    Load,
+    LoadedAdapters,
     LoraAdapter,
     ScoreCall,
+    ScoreResult,
     StopTextMatcher,
+    TaskUsage,
     resolve_max_tokens,
 )
 
@@ -44,17 +51,14 @@ from .tokenizer import VOCAB_SIZE, encode_input
 from .transfer import TRANSFER_BACKEND, SessionStore, pull, tcp_endpoint
 
 
-class MockBackend(Backend):
+class MockBackend(Backend[MockSettings]):
     """A CPU-only simulated inference engine (see the package docstring)."""
 
     name = "mock"
     Settings = MockSettings
 
-    def __init__(self, settings: BackendSettings) -> None:
-        if not isinstance(settings, MockSettings):
-            raise TypeError(f"MockBackend needs MockSettings, got {type(settings).__name__}")
+    def __init__(self, settings: MockSettings) -> None:
         super().__init__(settings)
-        self.options = settings
         self.model = PseudoModel(settings.seed)
         self._tasks = TaskModel(
             settings.seed,
@@ -64,7 +68,7 @@ class MockBackend(Backend):
             settings.max_context_length,
             lambda tokens: tokens * settings.prefill_time_per_token_s,
         )
-        self._kv_events: Outbox[pb.KvEventBatch] = Outbox(settings.event_queue_size, "KV event")
+        self._kv_events: Outbox[KvEventBatch] = Outbox(settings.event_queue_size, "KV event")
         self._runtime_events: Outbox[pb.RuntimeEvent] = Outbox(settings.event_queue_size, "runtime event")
         self.sessions: SessionStore | None = None
         if settings.role == "prefill":
@@ -80,7 +84,7 @@ class MockBackend(Backend):
         ]
         for core in self.cores:
             core.on_crash = self.fail
-        self._loras: dict[str, LoraAdapter] = {}
+        self._loras: LoadedAdapters[LoraAdapter] = LoadedAdapters("the mock engine")
         self._rng = np.random.default_rng([settings.seed, 0x73616D70])
         self._arrivals = itertools.count()
         self._started = False
@@ -90,7 +94,7 @@ class MockBackend(Backend):
 
     async def start(self) -> EngineFacts:
         """Start the rank loops (and the transfer server of a prefill engine)."""
-        settings = self.options
+        settings = self.settings
         endpoint = None
         if self.sessions is not None:
             await self.sessions.start()
@@ -142,7 +146,7 @@ class MockBackend(Backend):
     def generate(self, request: GenerationRequest) -> EventStream:
         """Validate, queue on a rank, and return the stream that rank's loop feeds."""
         self._check_serving()
-        settings = self.options
+        settings = self.settings
         prefill_only = settings.role == "prefill"
         session = request.kv_session
         if session is not None:
@@ -210,22 +214,18 @@ class MockBackend(Backend):
             raise Unavailable("the mock engine is not running")
 
     def _lora(self, name: str | None) -> tuple[int, str]:
-        if name is None:
-            return 0, ""
-        adapter = self._loras.get(name)
-        if adapter is None:
-            raise NotFound(f"no LoRA adapter named {name!r} is loaded in the mock engine")
-        return adapter.lora_id, adapter.lora_name
+        adapter = self._loras.find(name)
+        return (0, "") if adapter is None else (adapter.lora_id, adapter.lora_name)
 
     def _check_capacity(self, prompt: int, max_tokens: int, outputs: int) -> None:
         """Reject a request whose outputs could never fit the KV cache together."""
-        size = self.options.kv_block_size
+        size = self.settings.kv_block_size
         shared = prompt // size
         per_output = -(-(prompt + max_tokens) // size) - shared
         needed = shared + outputs * per_output
-        if needed > self.options.total_kv_blocks:
+        if needed > self.settings.total_kv_blocks:
             raise InvalidArgument(
-                f"the request may need {needed} KV blocks; the engine has {self.options.total_kv_blocks} "
+                f"the request may need {needed} KV blocks; the engine has {self.settings.total_kv_blocks} "
                 "(lower max_tokens or num_sequences)"
             )
 
@@ -256,14 +256,14 @@ class MockBackend(Backend):
         """Register an adapter directory; its id is mixed into the pseudo-model."""
         if not await asyncio.to_thread(os.path.isdir, adapter.source_path):
             raise InvalidArgument(f"LoRA source_path {adapter.source_path!r} is not a directory")
-        if len(self._loras) >= self.options.max_loras:
-            raise ResourceExhausted(f"the mock engine holds at most {self.options.max_loras} LoRA adapters")
-        self._loras[adapter.lora_name] = adapter
+        if len(self._loras) >= self.settings.max_loras:
+            raise ResourceExhausted(f"the mock engine holds at most {self.settings.max_loras} LoRA adapters")
+        self._loras.add(adapter.lora_name, adapter)
 
     async def unload_lora(self, adapter: LoraAdapter) -> None:
         """Forget an adapter and every cached block computed with it."""
-        if self._loras.pop(adapter.lora_name, None) is None:
-            raise NotFound(f"no LoRA adapter named {adapter.lora_name!r} is loaded in the mock engine")
+        self._loras.find(adapter.lora_name)  # NotFound unless loaded
+        self._loras.remove(adapter.lora_name)
         self._tasks.forget(adapter.lora_id)
         self.model.forget(adapter.lora_id)
         for core in self.cores:
@@ -272,74 +272,71 @@ class MockBackend(Backend):
 
     # -- tasks ----------------------------------------------------------------------------
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         """Dense or sparse embeddings per sequence or token."""
         self._check_serving()
         return await self._tasks.embed(call, self._lora(call.context.lora_name)[0])
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         """Label scores per sequence or token."""
         self._check_serving()
         return await self._tasks.classify(call, self._lora(call.context.lora_name)[0])
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """Native similarity or label-token scores."""
         self._check_serving()
         return await self._tasks.score(call, self._lora(call.context.lora_name)[0])
 
     # -- observability --------------------------------------------------------------------
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """Every load scalar, summed over ranks, and one entry per rank."""
         ranks = [core.rank_load() for core in self.cores]
-        return pb.LoadInfo(
-            running_requests=sum(r.running_requests for r in ranks),
-            queued_requests=sum(r.queued_requests for r in ranks),
+        return Load(
+            running_requests=sum(r.running_requests or 0 for r in ranks),
+            queued_requests=sum(r.queued_requests or 0 for r in ranks),
             active_kv_sessions=len(self.sessions) if self.sessions is not None else 0,
-            used_kv_blocks=sum(r.used_kv_blocks for r in ranks),
-            total_kv_blocks=sum(r.total_kv_blocks for r in ranks),
+            used_kv_blocks=sum(r.used_kv_blocks or 0 for r in ranks),
+            total_kv_blocks=sum(r.total_kv_blocks or 0 for r in ranks),
             running_tokens=sum(core.running_tokens() for core in self.cores),
             waiting_tokens=sum(core.waiting_tokens() for core in self.cores),
-            prefill_batch_size=sum(r.prefill_batch_size for r in ranks),
-            decode_batch_size=sum(r.decode_batch_size for r in ranks),
+            prefill_batch_size=sum(r.prefill_batch_size or 0 for r in ranks),
+            decode_batch_size=sum(r.decode_batch_size or 0 for r in ranks),
             ranks=ranks,
         )
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """The scheduler loops, the model, and (prefill role) the transfer server."""
         dead = [core.rank for core in self.cores if not core.alive]
         if self.failure is not None or dead:
             reason = self.failure or f"the scheduler loop of ranks {dead} is not running"
-            scheduler = pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=reason)
+            scheduler = HealthCheck("scheduler", pb.HEALTH_STATE_NOT_READY, reason)
         else:
             running = sum(len(core.running) for core in self.cores)
             waiting = sum(len(core.waiting) for core in self.cores)
-            scheduler = pb.HealthCheck(
-                name="scheduler",
-                state=pb.HEALTH_STATE_READY,
-                message=f"{len(self.cores)} ranks stepping; {running} running, {waiting} waiting",
-            )
-        checks = [scheduler, pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="pseudo-model ready")]
+            message = f"{len(self.cores)} ranks stepping; {running} running, {waiting} waiting"
+            scheduler = HealthCheck("scheduler", pb.HEALTH_STATE_READY, message)
+        checks = [scheduler, HealthCheck("model", pb.HEALTH_STATE_READY, "pseudo-model ready")]
         if self.sessions is not None:
             listening = self.sessions.listening
             checks.append(
-                pb.HealthCheck(
-                    name="kv_connector",
-                    state=pb.HEALTH_STATE_READY if listening else pb.HEALTH_STATE_NOT_READY,
-                    message="transfer server listening" if listening else "transfer server is not listening",
+                HealthCheck(
+                    "kv_connector",
+                    pb.HEALTH_STATE_READY if listening else pb.HEALTH_STATE_NOT_READY,
+                    "transfer server listening" if listening else "transfer server is not listening",
                 )
             )
         return checks
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """KV-event batches, one per step that changed the cache; fails when the consumer lags."""
-        if not self.options.enable_kv_events:
+        if not self.settings.enable_kv_events:
             return super().kv_events()
         return self._kv_events.attach()
 
     def runtime_events(self) -> AsyncIterator[pb.RuntimeEvent]:
         """Forward-pass, batch, queue and transfer events; fails when the consumer lags."""
-        if not self.options.enable_runtime_events:
+        if not self.settings.enable_runtime_events:
             return super().runtime_events()
         return self._runtime_events.attach()
 

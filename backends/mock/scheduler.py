@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from openengine_gateway import pb
 from openengine_gateway.errors import EngineFailure
-from openengine_gateway.spi import PrefillDone
+from openengine_gateway.spi import KvEventBatch, PrefillDone, RankLoad
 
 from .admission import allocate
 from .events import Outbox, runtime_event
@@ -52,7 +52,7 @@ class EngineCore:
         rank: int,
         settings: MockSettings,
         model: PseudoModel,
-        kv_events: Outbox[pb.KvEventBatch],
+        kv_events: Outbox[KvEventBatch],
         runtime_events: Outbox[pb.RuntimeEvent],
         sessions: SessionStore | None = None,
     ) -> None:
@@ -371,7 +371,7 @@ class EngineCore:
     def _flush_kv_events(self) -> None:
         events = self.kv.take_events()
         if events and self._kv_events.accepting:
-            self._kv_events.put(pb.KvEventBatch(data_parallel_rank=self.rank, events=events))
+            self._kv_events.put(KvEventBatch(events=events, data_parallel_rank=self.rank))
 
     def _runtime(self, kind: pb.RuntimeEventType.ValueType, **attributes: object) -> None:
         if self._runtime_events.accepting:
@@ -384,10 +384,10 @@ class EngineCore:
         """Publish KV events recorded outside a step (an adapter unloaded)."""
         self._flush_kv_events()
 
-    def rank_load(self) -> pb.RankLoadInfo:
+    def rank_load(self) -> RankLoad:
         """This rank's load, every field present."""
         prefilling = sum(1 for r in self.running if not r.prompt_done)
-        return pb.RankLoadInfo(
+        return RankLoad(
             data_parallel_rank=self.rank,
             running_requests=len(self.running),
             queued_requests=len(self.waiting),

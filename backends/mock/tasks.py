@@ -24,7 +24,19 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import ClassifyCall, EmbedCall, ScoreCall, TaskItem
+from openengine_gateway.spi import (
+    CandidateScore,
+    Classification,
+    ClassifyCall,
+    DenseTensor,
+    EmbedCall,
+    Embedding,
+    ScoreCall,
+    ScoreResult,
+    SparseTensor,
+    TaskItem,
+    TaskUsage,
+)
 
 from .model import PseudoModel, bound
 from .tokenizer import BOS, VOCAB_SIZE, encode, encode_input
@@ -33,8 +45,8 @@ _SEQUENCE = pb.TASK_OUTPUT_GRANULARITY_SEQUENCE
 _TOKEN = pb.TASK_OUTPUT_GRANULARITY_TOKEN
 
 
-def _dense(array: np.ndarray) -> pb.DenseFloatTensor:
-    return pb.DenseFloatTensor(shape=list(array.shape), values=array.astype(np.float32).ravel().tolist())
+def _dense(array: np.ndarray) -> DenseTensor:
+    return DenseTensor(shape=list(array.shape), values=array.astype(np.float32).ravel().tolist())
 
 
 def _unit(array: np.ndarray) -> np.ndarray:
@@ -109,7 +121,7 @@ class TaskModel:
 
     # -- Embed ----------------------------------------------------------------------------
 
-    async def embed(self, call: EmbedCall, lora_id: int) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall, lora_id: int) -> tuple[list[Embedding], TaskUsage]:
         """One embedding per item."""
         granularity = call.granularity or _SEQUENCE
         sparse = call.encoding == pb.EMBEDDING_ENCODING_SPARSE
@@ -121,20 +133,18 @@ class TaskModel:
             tokens = self.tokens(item)
             total += len(tokens)
             await self._yield(len(tokens))
-            output = pb.EmbeddingOutput(granularity=granularity)
+            vector: DenseTensor | SparseTensor
             if sparse:
-                output.sparse.CopyFrom(self._sparse(tokens, granularity, normalize))
+                vector = self._sparse(tokens, granularity, normalize)
             else:
                 vectors = self.vectors(tokens, lora_id)
                 array = vectors.mean(axis=0) if granularity == _SEQUENCE else vectors
                 array = array[..., : call.dimensions or self._dimension]
-                output.dense.CopyFrom(_dense(_unit(array) if normalize else array))
-            if granularity == _TOKEN:
-                output.token_ids.extend(tokens)
-            outputs.append(output)
-        return outputs, pb.TaskUsage(input_tokens=total)
+                vector = _dense(_unit(array) if normalize else array)
+            outputs.append(Embedding(granularity, vector, token_ids=tokens if granularity == _TOKEN else ()))
+        return outputs, TaskUsage(input_tokens=total)
 
-    def _sparse(self, tokens: list[int], granularity: int, normalize: bool) -> pb.SparseFloatTensor:
+    def _sparse(self, tokens: list[int], granularity: int, normalize: bool) -> SparseTensor:
         dimension = self._dimension
         if granularity == _TOKEN:
             indices = [position * dimension + token % dimension for position, token in enumerate(tokens)]
@@ -151,11 +161,11 @@ class TaskModel:
             shape = [dimension]
             if normalize:
                 values = _unit(values)
-        return pb.SparseFloatTensor(shape=shape, indices=indices, values=values.astype(np.float32).tolist())
+        return SparseTensor(shape=shape, indices=indices, values=values.astype(np.float32).tolist())
 
     # -- Classify -------------------------------------------------------------------------
 
-    async def classify(self, call: ClassifyCall, lora_id: int) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall, lora_id: int) -> tuple[list[Classification], TaskUsage]:
         """Class scores per item (or per token)."""
         granularity = call.granularity or _SEQUENCE
         semantics = call.semantics or pb.TASK_VALUE_SEMANTICS_LOGITS
@@ -170,17 +180,13 @@ class TaskModel:
                 logits = np.exp(_log_softmax(logits))
             elif semantics == pb.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES:
                 logits = _log_softmax(logits)
-            output = pb.ClassificationOutput(
-                granularity=granularity, semantics=semantics, scores=_dense(logits), labels=self._labels
-            )
-            if granularity == _TOKEN:
-                output.token_ids.extend(tokens)
-            outputs.append(output)
-        return outputs, pb.TaskUsage(input_tokens=total)
+            token_ids = tokens if granularity == _TOKEN else ()
+            outputs.append(Classification(granularity, semantics, _dense(logits), self._labels, token_ids))
+        return outputs, TaskUsage(input_tokens=total)
 
     # -- Score ----------------------------------------------------------------------------
 
-    async def score(self, call: ScoreCall, lora_id: int) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall, lora_id: int) -> tuple[ScoreResult, TaskUsage]:
         """Native similarity, or label-token scoring when label ids are given."""
         labels = list(call.label_token_ids)
         if labels:
@@ -207,13 +213,12 @@ class TaskModel:
                 f"(it yields {pb.TaskValueSemantics.Name(semantics)})"
             )
         instruction = encode(call.instruction, bos=False)
-        response = pb.ScoreResponse(
-            granularity=_SEQUENCE, semantics=semantics, higher_is_better=True, normalization=normalization
-        )
+        groups: list[list[CandidateScore]] = []
         total = 0
         for group in call.groups:
             query = [BOS, *instruction, *self.tokens(group.query, bos=False)]
-            scored = response.groups.add()
+            scored: list[CandidateScore] = []
+            groups.append(scored)
             if not labels:
                 total += len(query)
                 query_vector = _unit(self.vectors(query, lora_id).mean(axis=0))
@@ -229,8 +234,9 @@ class TaskModel:
                     total += len(alone)
                     candidate_vector = _unit(self.vectors(alone, lora_id).mean(axis=0))
                     values = np.array([float(query_vector @ candidate_vector)])
-                scored.candidates.add().scores.CopyFrom(_dense(values))
-        return response, pb.TaskUsage(input_tokens=total)
+                scored.append(CandidateScore(_dense(values)))
+        result = ScoreResult(_SEQUENCE, semantics, normalization, groups, higher_is_better=True)
+        return result, TaskUsage(input_tokens=total)
 
     def _label_scores(self, pair: list[int], labels: list[int], lora_id: int, normalization: int) -> np.ndarray:
         if len(pair) > self._max_context:

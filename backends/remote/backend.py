@@ -24,20 +24,29 @@ from openengine_gateway.client import ClientError, IncompatibleServer, OpenEngin
 from openengine_gateway.errors import EngineFailure, Unavailable
 from openengine_gateway.spi import (
     Backend,
-    BackendSettings,
+    Classification,
     ClassifyCall,
     ConfigurationError,
     EmbedCall,
+    Embedding,
     EngineFacts,
+    EventStream,
     GenerationEvent,
     GenerationRequest,
+    HealthCheck,
+    KvEventBatch,
+    KvEventSource,
+    Load,
     LoraAdapter,
     PrefillDone,
     ScoreCall,
+    ScoreResult,
+    TaskUsage,
 )
 
-from . import mapping, responses
+from . import mapping, responses, results
 from .events import KvCursor, publishes, relay_kv, relay_runtime
+from .kv_values import kv_source
 from .settings import RemoteSettings
 
 log = logging.getLogger(__name__)
@@ -48,30 +57,27 @@ _RETRYABLE_CONNECT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCE
 _SESSIONS_REMEMBERED = 4096
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(Backend[RemoteSettings]):
     """Forwards to a model on another OpenEngine server (see the module docstring)."""
 
     name = "remote"
     Settings = RemoteSettings
 
-    def __init__(self, settings: BackendSettings) -> None:
-        if not isinstance(settings, RemoteSettings):
-            raise TypeError(f"RemoteBackend needs RemoteSettings, got {type(settings).__name__}")
+    def __init__(self, settings: RemoteSettings) -> None:
         super().__init__(settings)
-        self.options = settings
         self.remote_model = ""
         """The model's name on the remote (``settings.model``, or the remote's only model)."""
         self._client: OpenEngineClient | None = None
         self._calls: dict[str, grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]] = {}
         self._sessions: OrderedDict[str, None] = OrderedDict()
-        self._sources: list[pb.KvEventSource] = []
+        self._sources: list[KvEventSource] = []
         self._cursor = KvCursor()
 
     @property
     def client(self) -> OpenEngineClient:
         """The connected client; UNAVAILABLE before ``start`` and after ``stop``."""
         if self._client is None:
-            raise Unavailable(f"the remote engine at {self.options.target} is not connected")
+            raise Unavailable(f"the remote engine at {self.settings.target} is not connected")
         return self._client
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -85,14 +91,14 @@ class RemoteBackend(Backend):
             model = await self._model_info(client, info)
             adapters = []
             if model.HasField("supports_lora") and model.supports_lora:
-                adapters = await client.list_loras(timeout_s=self.options.call_timeout_s)
+                adapters = await client.list_loras(timeout_s=self.settings.call_timeout_s)
             self._sources = await self._event_sources(client)
             kv_events, runtime_events = await asyncio.gather(self._publishes_kv(), self._publishes_runtime())
         except BaseException:
             self._client = None
             await client.close()
             raise
-        log.info("serving %r of the %s engine at %s", self.remote_model, info.engine_name, self.options.target)
+        log.info("serving %r of the %s engine at %s", self.remote_model, info.engine_name, self.settings.target)
         return EngineFacts(
             engine_name=info.engine_name,
             engine_version=info.engine_version,
@@ -110,7 +116,7 @@ class RemoteBackend(Backend):
 
     async def _connect(self) -> OpenEngineClient:
         """A compatible client, retrying while the remote is not answering yet."""
-        options = self.options
+        options = self.settings
         try:
             token = options.bearer_token()
         except ValueError as exc:
@@ -146,37 +152,38 @@ class RemoteBackend(Backend):
     async def _model_info(self, client: OpenEngineClient, info: pb.EngineInfo) -> pb.ModelInfo:
         """The remote model's ``ModelInfo``; the model must be named when the remote serves several."""
         served = list(info.supported_models)
-        name = self.options.model or (served[0] if served else "")
+        name = self.settings.model or (served[0] if served else "")
         if not name or name not in served:
-            raise ConfigurationError(f"remote {self.options.target} serves {served}; it does not serve {name!r}")
-        model = await client.model_info(name, timeout_s=self.options.call_timeout_s)
+            raise ConfigurationError(f"remote {self.settings.target} serves {served}; it does not serve {name!r}")
+        model = await client.model_info(name, timeout_s=self.settings.call_timeout_s)
         others = set(served) - {model.served_model_name, *model.served_model_aliases}
-        if not self.options.model and others:
-            raise ConfigurationError(f"remote {self.options.target} serves several models {served}: set model")
+        if not self.settings.model and others:
+            raise ConfigurationError(f"remote {self.settings.target} serves several models {served}: set model")
         self.remote_model = name
         return model
 
-    async def _event_sources(self, client: OpenEngineClient) -> list[pb.KvEventSource]:
+    async def _event_sources(self, client: OpenEngineClient) -> list[KvEventSource]:
         try:
-            return await client.kv_event_sources(timeout_s=self.options.call_timeout_s)
+            listed = await client.kv_event_sources(timeout_s=self.settings.call_timeout_s)
+            return [kv_source(source) for source in listed]
         except StatusError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 log.warning("the remote did not list its KV event sources: %s", exc)
             return []
 
     async def _publishes_kv(self) -> bool:
-        setting = self.options.kv_events
+        setting = self.settings.kv_events
         if setting != "auto":
             return setting == "on"
         stream = self.client.kv_events(pb.SubscribeKvEventsRequest(include_snapshot=True))
-        return await publishes(stream, self.options.event_probe_s)
+        return await publishes(stream, self.settings.event_probe_s)
 
     async def _publishes_runtime(self) -> bool:
-        setting = self.options.runtime_events
+        setting = self.settings.runtime_events
         if setting != "auto":
             return setting == "on"
         stream = self.client.runtime_events(pb.SubscribeRuntimeEventsRequest())
-        return await publishes(stream, self.options.event_probe_s)
+        return await publishes(stream, self.settings.event_probe_s)
 
     async def stop(self) -> None:
         """Cancel what is still running on the remote and close the channel."""
@@ -189,9 +196,9 @@ class RemoteBackend(Backend):
 
     # -- generation -----------------------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> EventStream:
         """The remote's stream as events; the remote's verdict on the request arrives with it."""
-        return self._relay(self.client, mapping.generate_request(request, self.remote_model))
+        return EventStream.from_iterator(self._relay(self.client, mapping.generate_request(request, self.remote_model)))
 
     async def _relay(self, client: OpenEngineClient, message: pb.GenerateRequest) -> AsyncIterator[GenerationEvent]:
         request_id = message.request_id
@@ -263,7 +270,7 @@ class RemoteBackend(Backend):
     async def _abort_remote(self, request: pb.AbortRequest) -> pb.AbortStatus.ValueType | None:
         """Abort on the remote; None when it does not know the target (nothing to do)."""
         try:
-            return (await self.client.abort(request, timeout_s=self.options.call_timeout_s)).status
+            return (await self.client.abort(request, timeout_s=self.settings.call_timeout_s)).status
         except ClientError as exc:  # best effort: the request is over for the front either way
             if not (isinstance(exc, StatusError) and exc.code == grpc.StatusCode.NOT_FOUND):
                 log.warning("aborting %s on the remote failed: %s", request, exc)
@@ -300,23 +307,23 @@ class RemoteBackend(Backend):
         except StatusError as error:
             raise responses.rejection(error.code.name, error.details, error.retry_after_ms) from None
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         """The remote's embeddings."""
         message = mapping.embed_request(call, self.remote_model)
         response: pb.EmbedResponse = await self._unary(self.client.embed, message)
-        return list(response.outputs), response.usage
+        return results.embeddings(response.outputs), results.usage(response.usage)
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         """The remote's class scores."""
         message = mapping.classify_request(call, self.remote_model)
         response: pb.ClassifyResponse = await self._unary(self.client.classify, message)
-        return list(response.outputs), response.usage
+        return results.classifications(response.outputs), results.usage(response.usage)
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """The remote's scores."""
         message = mapping.score_request(call, self.remote_model)
         response: pb.ScoreResponse = await self._unary(self.client.score, message)
-        return response, response.usage
+        return results.score_result(response), results.usage(response.usage)
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
         """Load the adapter on the remote (its path must be visible there)."""
@@ -329,34 +336,33 @@ class RemoteBackend(Backend):
 
     # -- observability --------------------------------------------------------------------
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """The remote's load; all unknown while it cannot be asked."""
         try:
-            return await self.client.load(per_rank=True, timeout_s=self.options.call_timeout_s)
+            return results.load(await self.client.load(per_rank=True, timeout_s=self.settings.call_timeout_s))
         except (ClientError, Unavailable) as exc:
             log.warning("the remote's load is unknown: %s", exc)
-            return pb.LoadInfo()
+            return Load()
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """``remote`` (the remote's overall state), then the remote's own engine checks."""
-        target = self.options.target
+        target = self.settings.target
         try:
-            health = await self.client.health(timeout_s=self.options.health_timeout_s)
+            health = await self.client.health(timeout_s=self.settings.health_timeout_s)
         except (ClientError, Unavailable) as exc:
-            return [pb.HealthCheck(name="remote", state=pb.HEALTH_STATE_NOT_READY, message=f"{target}: {exc}")]
+            return [HealthCheck("remote", pb.HEALTH_STATE_NOT_READY, f"{target}: {exc}")]
         state = pb.HealthState.Name(health.state).removeprefix("HEALTH_STATE_")
-        checks = [pb.HealthCheck(name="remote", state=health.state, message=f"{target} is {state}")]
-        checks.extend(check for check in health.checks if check.name != "grpc")
-        return checks
+        own = results.health_checks([check for check in health.checks if check.name != "grpc"])
+        return [HealthCheck("remote", health.state, f"{target} is {state}"), *own]
 
     async def inference_probe(self) -> str:
         """The remote's own inference probe, which fits its role (a decode engine takes no
         request without a KV session, so a probe through ``generate`` would be refused there)."""
         request = pb.HealthRequest(include_inference_probe=True, model=self.remote_model)
         try:
-            health = await self.client.health(request, timeout_s=self.options.call_timeout_s)
+            health = await self.client.health(request, timeout_s=self.settings.call_timeout_s)
         except (ClientError, Unavailable) as exc:
-            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"{self.options.target}: {exc}", retryable=True) from None
+            raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"{self.settings.target}: {exc}", retryable=True) from None
         check = next((c for c in health.checks if c.name == "inference_probe"), None)
         if check is None:
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the remote reported no inference probe")
@@ -364,20 +370,20 @@ class RemoteBackend(Backend):
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"the remote's probe: {check.message}", retryable=True)
         return f"the remote's probe: {check.message}"
 
-    def kv_event_sources(self) -> list[pb.KvEventSource]:
+    def kv_event_sources(self) -> list[KvEventSource]:
         """The remote's engine-native publishers, as it listed them at start."""
         return list(self._sources)
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """The remote's KV event batches, resumed exactly across disconnects."""
-        options = self.options
+        options = self.settings
         return relay_kv(
             self.client, self._cursor, retry_s=options.resubscribe_delay_s, timeout_s=options.call_timeout_s
         )
 
     def runtime_events(self) -> AsyncIterator[pb.RuntimeEvent]:
         """The remote's runtime events, live."""
-        return relay_runtime(self.client, retry_s=self.options.resubscribe_delay_s)
+        return relay_runtime(self.client, retry_s=self.settings.resubscribe_delay_s)
 
 
 def _credentials(options: RemoteSettings) -> tuple[bytes | None, bytes | None, bytes | None]:

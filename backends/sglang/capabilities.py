@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openengine_gateway import pb
-from openengine_gateway.spi import LoraAdapter
+from openengine_gateway.spi import Load, LoraAdapter, RankLoad
 
 from .mapping import EngineLimits, eos_token_ids
 
@@ -318,34 +318,32 @@ def kv_connector(server: Mapping[str, Any], bootstrap_host: str) -> pb.KvConnect
     return info
 
 
-def load_info(snapshots: Sequence[Any], *, page_size: int, kv_sessions: int) -> pb.LoadInfo:
+def load_info(snapshots: Sequence[Any], *, page_size: int, kv_sessions: int) -> Load:
     """A load snapshot from SGLang's per-rank ``LoadSnapshot`` records (``get_loads``).
 
     Used blocks are the rank's used KV tokens in pages, rounded up. ``kv_sessions`` counts the
     prefills this driver holds for a decode engine to attach (zero on other engines).
     """
-    load = pb.LoadInfo(running_requests=0, queued_requests=0, used_kv_blocks=0, total_kv_blocks=0)
-    load.active_kv_sessions = kv_sessions
-    stamps = []
-    for snapshot in sorted(snapshots, key=lambda s: s.dp_rank):
-        used = -(-snapshot.num_used_tokens // page_size)
-        total = snapshot.max_total_num_tokens // page_size
-        load.ranks.add(
+    ranks = [
+        RankLoad(
             data_parallel_rank=snapshot.dp_rank,
             running_requests=snapshot.num_running_reqs,
             queued_requests=snapshot.num_waiting_reqs,
-            used_kv_blocks=used,
-            total_kv_blocks=total,
+            used_kv_blocks=-(-snapshot.num_used_tokens // page_size),
+            total_kv_blocks=snapshot.max_total_num_tokens // page_size,
         )
-        load.running_requests += snapshot.num_running_reqs
-        load.queued_requests += snapshot.num_waiting_reqs
-        load.used_kv_blocks += used
-        load.total_kv_blocks += total
-        if snapshot.timestamp:
-            stamps.append(snapshot.timestamp)
-    if stamps:
-        load.timestamp_unix_nanos = int(min(stamps) * 1e9)
-    return load
+        for snapshot in sorted(snapshots, key=lambda s: s.dp_rank)
+    ]
+    stamps = [snapshot.timestamp for snapshot in snapshots if snapshot.timestamp]
+    return Load(
+        timestamp_unix_nanos=int(min(stamps) * 1e9) if stamps else None,
+        running_requests=sum(snapshot.num_running_reqs for snapshot in snapshots),
+        queued_requests=sum(snapshot.num_waiting_reqs for snapshot in snapshots),
+        active_kv_sessions=kv_sessions,
+        used_kv_blocks=sum(rank.used_kv_blocks or 0 for rank in ranks),
+        total_kv_blocks=sum(rank.total_kv_blocks or 0 for rank in ranks),
+        ranks=ranks,
+    )
 
 
 __all__ = [

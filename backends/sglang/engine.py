@@ -35,19 +35,27 @@ from openengine_gateway.errors import EngineFailure, FailedPrecondition, Invalid
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
+    Classification,
     ClassifyCall,
     ConfigurationError,
     EmbedCall,
+    Embedding,
     EngineFacts,
     EventStream,
     GenerationRequest,
+    HealthCheck,
+    KvEventBatch,
+    KvEventSource,
+    Load,
     LoraAdapter,
     PrefillDone,
     ScoreCall,
+    ScoreResult,
+    TaskUsage,
     UsageReport,
 )
+from openengine_gateway.spi.zmq_kv import subscribe
 
-from ..zmq_kv_events import subscribe
 from . import capabilities, kv_publishers, mapping
 from .capabilities import EngineState
 from .outputs import RequestStream
@@ -69,7 +77,7 @@ class _InFlight:
     task: asyncio.Task[None] | None = None
 
 
-class SglangBackend(Backend):
+class SglangBackend(Backend[SglangSettings]):
     """SGLang's ``Engine`` serving one model (``--backend sglang --model PATH``)."""
 
     name: ClassVar[str] = capabilities.ENGINE_NAME
@@ -78,7 +86,7 @@ class SglangBackend(Backend):
         "SGLang keeps one configuration per process, and its shutdown kills every child process of the gateway"
     )
 
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: SglangSettings) -> None:
         super().__init__(settings)
         self._engine: Any = None
         self._state: EngineState | None = None
@@ -103,7 +111,6 @@ class SglangBackend(Backend):
     async def start(self) -> EngineFacts:
         """Launch SGLang's processes (in a thread: it blocks while the model loads), then describe it."""
         settings = self.settings
-        assert isinstance(settings, SglangSettings)
         import sglang
 
         from .server_args import server_kwargs
@@ -324,17 +331,17 @@ class SglangBackend(Backend):
 
     # -- tasks ----------------------------------------------------------------------------
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         """Embeddings from SGLang's embedding model."""
         runner, rids = self._task(call.context.request_id, len(call.items))
         return await self._tracked(call.context.request_id, runner.embed(call, rids))
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         """Class scores from SGLang's sequence-classification model."""
         runner, rids = self._task(call.context.request_id, len(call.items))
         return await self._tracked(call.context.request_id, runner.classify(call, rids))
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """Label-token scores (generation models) or cross-encoder scores (classifiers)."""
         count = sum(len(group.candidates) for group in call.groups)
         runner, rids = self._task(call.context.request_id, count)
@@ -383,37 +390,37 @@ class SglangBackend(Backend):
 
     # -- health, load, KV events ----------------------------------------------------------
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """Liveness: no SGLang process reported a failure, and its scheduler and detokenizer processes run.
 
         A failed child is usually reported by SGLang's SIGQUIT (see ``process``) before it could be
         seen here; a child that died without a report (killed from outside) is found by its pid.
         """
         if self._failure is not None:
-            return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=self._failure)]
+            return [HealthCheck("scheduler", pb.HEALTH_STATE_NOT_READY, self._failure)]
         engine = self._engine
         if engine is None:
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+            return [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, "engine stopped")]
         dead = [pid for pid in engine.get_all_child_pids() if not process_alive(pid)]
         if dead:
             message = f"SGLang processes exited: {dead}"
-            return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_NOT_READY, message=message)]
-        return [pb.HealthCheck(name="scheduler", state=pb.HEALTH_STATE_READY, message="SGLang processes running")]
+            return [HealthCheck("scheduler", pb.HEALTH_STATE_NOT_READY, message)]
+        return [HealthCheck("scheduler", pb.HEALTH_STATE_READY, "SGLang processes running")]
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """Running, waiting and KV usage per DP rank from SGLang's load snapshots."""
         if self._engine is None or self._state is None:
-            return pb.LoadInfo()
+            return Load()
         snapshots = await self._engine.tokenizer_manager.get_loads()
         return capabilities.load_info(snapshots, page_size=self._state.page_size, kv_sessions=len(self._sessions))
 
-    def kv_event_sources(self) -> list[pb.KvEventSource]:
+    def kv_event_sources(self) -> list[KvEventSource]:
         """SGLang's ZMQ KV-event publishers, one per data-parallel rank."""
         self._running()
         assert self._state is not None
         return kv_publishers.kv_event_sources(self._state.server)
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """SGLang's published KV events, decoded into batches (its sequence numbers kept)."""
         self._running()
         assert self._state is not None

@@ -27,7 +27,19 @@ from typing import Any, TypeAlias
 
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import ClassifyCall, EmbedCall, ScoreCall, TaskContext, TaskItem
+from openengine_gateway.spi import (
+    CandidateScore,
+    Classification,
+    ClassifyCall,
+    DenseTensor,
+    EmbedCall,
+    Embedding,
+    ScoreCall,
+    ScoreResult,
+    TaskContext,
+    TaskItem,
+    TaskUsage,
+)
 
 from .capabilities import EngineState, engine_role, lora_enabled
 from .mapping import EngineLimits, media_kwargs, sglang_priority, tokenize
@@ -130,9 +142,9 @@ def score_semantics(call: ScoreCall, raw: Semantics) -> tuple[Semantics, pb.Scor
     return (PROBABILITIES, SOFTMAX) if softmaxed else (raw, NONE)
 
 
-def dense(values: Sequence[float]) -> pb.DenseFloatTensor:
-    """A vector as a ``DenseFloatTensor``."""
-    return pb.DenseFloatTensor(shape=[len(values)], values=values)
+def dense(values: Sequence[float]) -> DenseTensor:
+    """A vector as a ``DenseTensor``."""
+    return DenseTensor(shape=[len(values)], values=values)
 
 
 def vector(data: Any) -> list[float]:
@@ -182,7 +194,7 @@ class TaskRunner:
             )
         )
 
-    async def embed(self, call: EmbedCall, rids: Sequence[str]) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall, rids: Sequence[str]) -> tuple[list[Embedding], TaskUsage]:
         """Sequence embeddings of every item."""
         items = []
         for item in call.items:
@@ -191,12 +203,10 @@ class TaskRunner:
                 kwargs["dimensions"] = call.dimensions
             items.append(kwargs)
         results = await self.pool(call.context, items, rids)
-        outputs = [pb.EmbeddingOutput(granularity=SEQUENCE, dense=dense(vector(r["embedding"]))) for r in results]
+        outputs = [Embedding(SEQUENCE, dense(vector(r["embedding"]))) for r in results]
         return outputs, usage(results)
 
-    async def classify(
-        self, call: ClassifyCall, rids: Sequence[str]
-    ) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall, rids: Sequence[str]) -> tuple[list[Classification], TaskUsage]:
         """Class logits (or their softmax) of every item, with the model's labels."""
         semantics = classify_semantics(call.semantics)
         results = await self.pool(call.context, [item_kwargs(item) for item in call.items], rids)
@@ -204,13 +214,11 @@ class TaskRunner:
         for result in results:
             logits = vector(result["embedding"])
             scores = softmax(logits) if semantics == PROBABILITIES else logits
-            output = pb.ClassificationOutput(granularity=SEQUENCE, semantics=semantics, scores=dense(scores))
-            if len(self._state.labels) == len(scores):
-                output.labels.extend(self._state.labels)
-            outputs.append(output)
+            labels = self._state.labels if len(self._state.labels) == len(scores) else ()
+            outputs.append(Classification(SEQUENCE, semantics, dense(scores), labels))
         return outputs, usage(results)
 
-    async def score(self, call: ScoreCall, rids: Sequence[str]) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall, rids: Sequence[str]) -> tuple[ScoreResult, TaskUsage]:
         """Label-token scores on a generation model, cross-encoder scores on a classifier."""
         if self._state.is_generation:
             if call.label_token_ids:
@@ -222,19 +230,19 @@ class TaskRunner:
         pairs = [[_text(group.query), _text(candidate)] for group in call.groups for candidate in group.candidates]
         batch = self._embedding(rid=list(rids), text=pairs, is_cross_encoder_request=True, **self._shared(call.context))
         results = iter(await self._engine.tokenizer_manager.generate_request(batch, None).__anext__())
-        response = pb.ScoreResponse(granularity=SEQUENCE, semantics=semantics, normalization=normalization)
-        response.higher_is_better = True
+        groups = []
         used = []
         for group in call.groups:
-            scored = response.groups.add()
+            scored = []
             for _ in group.candidates:
                 result = next(results)
                 used.append(result)
                 logits = vector(result["embedding"])
-                scored.candidates.add(scores=dense(softmax(logits) if normalization == SOFTMAX else logits))
-        return response, usage(used)
+                scored.append(CandidateScore(dense(softmax(logits) if normalization == SOFTMAX else logits)))
+            groups.append(scored)
+        return ScoreResult(SEQUENCE, semantics, normalization, groups, higher_is_better=True), usage(used)
 
-    async def _likelihoods(self, call: ScoreCall, rids: Sequence[str]) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def _likelihoods(self, call: ScoreCall, rids: Sequence[str]) -> tuple[ScoreResult, TaskUsage]:
         """Each candidate's log-likelihood after its query, from a prefill-only request's prompt logprobs.
 
         SGLang's first prompt entry has no logprob, so it starts one token before the candidate.
@@ -257,28 +265,25 @@ class TaskRunner:
                     }
                 )
         results = iter(await self._run(self._generate, items, rids))
-        response = pb.ScoreResponse(granularity=SEQUENCE, semantics=semantics, normalization=normalization)
-        response.higher_is_better = True
+        groups = []
         used = []
         for group in call.groups:
-            scored = response.groups.add()
+            scored = []
             for _ in group.candidates:
                 result = next(results)
                 used.append(result)
                 value = math.fsum(entry[0] for entry in result["meta_info"]["input_token_logprobs"][1:])
-                scored.candidates.add(scores=dense(softmax([value]) if normalization == SOFTMAX else [value]))
-        return response, usage(used)
+                scored.append(CandidateScore(dense(softmax([value]) if normalization == SOFTMAX else [value])))
+            groups.append(scored)
+        return ScoreResult(SEQUENCE, semantics, normalization, groups, higher_is_better=True), usage(used)
 
-    async def _label_scores(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def _label_scores(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """``async_score`` per group: each label token's probability after query + candidate."""
         if call.semantics not in (None, PROBABILITIES):
             raise InvalidArgument("label-token scores are probabilities")
         check_label_tokens(call.label_token_ids, self._engine.tokenizer_manager.tokenizer)
         softmaxed = call.normalization == SOFTMAX
-        response = pb.ScoreResponse(
-            granularity=SEQUENCE, semantics=PROBABILITIES, normalization=SOFTMAX if softmaxed else NONE
-        )
-        response.higher_is_better = True
+        groups = []
         prompt_tokens = 0
         for group in call.groups:
             query = _input(group.query)
@@ -288,11 +293,11 @@ class TaskRunner:
             result = await self._engine.async_score(
                 query=query, items=items, label_token_ids=list(call.label_token_ids), apply_softmax=softmaxed
             )
-            scored = response.groups.add()
-            for row in result.scores:
-                scored.candidates.add(scores=dense(vector(row)))
+            groups.append([CandidateScore(dense(vector(row))) for row in result.scores])
             prompt_tokens += result.prompt_tokens
-        return response, pb.TaskUsage(input_tokens=prompt_tokens)
+        normalization = SOFTMAX if softmaxed else NONE
+        scores = ScoreResult(SEQUENCE, PROBABILITIES, normalization, groups, higher_is_better=True)
+        return scores, TaskUsage(input_tokens=prompt_tokens)
 
 
 def check_label_tokens(label_token_ids: Sequence[int], tokenizer: Any) -> None:
@@ -327,9 +332,9 @@ def _input(item: TaskItem) -> str | list[int]:
     return item.text if item.text is not None else list(item.token_ids or ())
 
 
-def usage(results: Sequence[Any]) -> pb.TaskUsage:
+def usage(results: Sequence[Any]) -> TaskUsage:
     """Input tokens over every item (SGLang reports no cache hits for pooled requests)."""
-    return pb.TaskUsage(input_tokens=sum(int(r["meta_info"].get("prompt_tokens") or 0) for r in results))
+    return TaskUsage(input_tokens=sum(int(r["meta_info"].get("prompt_tokens") or 0) for r in results))
 
 
 __all__ = [

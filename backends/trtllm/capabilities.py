@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from openengine_gateway import pb
+from openengine_gateway.spi import Load
 
 from .sampling import NO_MODEL_DEFAULTS, TORCH_SAMPLER_KNOBS, SamplingDefaults, applied_knobs, sampling_defaults
 
@@ -250,7 +251,7 @@ def load_info(
     total_blocks: int | None,
     timestamp_ns: int,
     kv_outlives_requests: bool = False,
-) -> pb.LoadInfo:
+) -> Load:
     """A load snapshot from TensorRT-LLM's latest iteration statistics (camelCase JSON).
 
     TensorRT-LLM reports statistics only for iterations it runs, so the last ones go stale
@@ -260,29 +261,27 @@ def load_info(
     its request ended: then they are unknown); a request submitted since the last statistics
     counts as running at least. ``timestamp_ns`` is when the statistics arrived (or now, when idle).
     """
-    load = pb.LoadInfo(timestamp_unix_nanos=timestamp_ns)
-    if total_blocks:
-        load.total_kv_blocks = total_blocks
+    known = Load(timestamp_unix_nanos=timestamp_ns, total_kv_blocks=total_blocks or None)
     if in_flight == 0:
-        load.running_requests = load.queued_requests = 0
-        load.prefill_batch_size = load.decode_batch_size = 0
-        if total_blocks and not kv_outlives_requests:
-            load.used_kv_blocks = 0
-        return load
+        used = 0 if total_blocks and not kv_outlives_requests else None
+        return replace(
+            known, running_requests=0, queued_requests=0, prefill_batch_size=0, decode_batch_size=0, used_kv_blocks=used
+        )
     if stats is None:
-        return load
+        return known
     batching = stats.get("inflightBatchingStats") or {}
     kv = stats.get("kvCacheStats") or {}
-    load.queued_requests = int(stats.get("numQueuedRequests", 0)) + int(batching.get("numPausedRequests", 0))
-    # Statistics trail the requests submitted since: each of those is queued or running.
-    load.running_requests = max(int(stats.get("numActiveRequests", 0)), in_flight - load.queued_requests)
-    load.prefill_batch_size = int(batching.get("numContextRequests", 0))
-    load.decode_batch_size = int(batching.get("numGenRequests", 0))
-    if "usedNumBlocks" in kv:
-        load.used_kv_blocks = int(kv["usedNumBlocks"])
-    if kv.get("maxNumBlocks"):
-        load.total_kv_blocks = int(kv["maxNumBlocks"])
-    return load
+    queued = int(stats.get("numQueuedRequests", 0)) + int(batching.get("numPausedRequests", 0))
+    return replace(
+        known,
+        queued_requests=queued,
+        # Statistics trail the requests submitted since: each of those is queued or running.
+        running_requests=max(int(stats.get("numActiveRequests", 0)), in_flight - queued),
+        prefill_batch_size=int(batching.get("numContextRequests", 0)),
+        decode_batch_size=int(batching.get("numGenRequests", 0)),
+        used_kv_blocks=int(kv["usedNumBlocks"]) if "usedNumBlocks" in kv else None,
+        total_kv_blocks=int(kv["maxNumBlocks"]) if kv.get("maxNumBlocks") else known.total_kv_blocks,
+    )
 
 
 __all__ = [

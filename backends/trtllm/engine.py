@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,10 +30,15 @@ from openengine_gateway.errors import EngineFailure, InvalidArgument, RequestErr
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
+    BackgroundTasks,
     ConfigurationError,
     EngineFacts,
+    EventStream,
     GenerationEvent,
     GenerationRequest,
+    HealthCheck,
+    KvEventBatch,
+    Load,
     LoraAdapter,
 )
 
@@ -89,13 +94,13 @@ def _import_api() -> tuple[_Api, frozenset[str]]:
     return api, frozenset(TorchLlmArgs.model_fields)
 
 
-class TrtllmBackend(Backend):
+class TrtllmBackend(Backend[TrtllmSettings]):
     """TensorRT-LLM's ``LLM`` serving one model (``--backend trtllm --model PATH_OR_ID``)."""
 
     name: ClassVar[str] = "trtllm"
     Settings: ClassVar[type[BackendSettings]] = TrtllmSettings
 
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: TrtllmSettings) -> None:
         super().__init__(settings)
         self._llm: Any = None
         self._api: _Api | None = None
@@ -104,7 +109,7 @@ class TrtllmBackend(Backend):
         self._loras = LoraRegistry()
         self._stats: dict[str, Any] | None = None
         self._stats_ns = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(self._background_failed)
         self._failure: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -112,7 +117,6 @@ class TrtllmBackend(Backend):
     async def start(self) -> EngineFacts:
         """Build ``LLM`` (in a thread: it loads the model), run one token, describe the engine."""
         settings = self.settings
-        assert isinstance(settings, TrtllmSettings)
         try:
             api, known = _import_api()
         except ImportError as exc:
@@ -145,7 +149,7 @@ class TrtllmBackend(Backend):
             self._llm = None
             raise
         if self._statistics_on():
-            self._spawn(self._pump_stats(), "statistics reader")
+            self._background.spawn(self._pump_stats(), "TensorRT-LLM statistics reader")
         features = self._features
         log.info("TensorRT-LLM: unset sampling knobs take %s", dict(features.sampling.values))
         if features.sampling.dropped:
@@ -179,20 +183,19 @@ class TrtllmBackend(Backend):
 
     async def stop(self) -> None:
         """Stop the background readers, shut TensorRT-LLM down."""
-        for task in list(self._tasks):
-            task.cancel()
+        await self._background.stop()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
 
     # -- generation -----------------------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> EventStream:
         """Tokenize, map, build ``SamplingParams`` and submit, all before acceptance; then stream."""
         llm = self._running()
         api = self._api_()
         features = self._features
-        lora = None if request.lora_name is None else self._loras.request(request.lora_name)
+        lora = self._loras.request(request.lora_name)
         if request.prompt_token_ids is not None:
             prompt_ids = list(request.prompt_token_ids)
         else:
@@ -225,7 +228,7 @@ class TrtllmBackend(Backend):
             prefill=features.role == pb.ENGINE_ROLE_PREFILL,
             transfer_backend=features.transfer_backend,
         )
-        return self._run(request.request_id, handle, stream)
+        return EventStream.from_iterator(self._run(request.request_id, handle, stream))
 
     @staticmethod
     def _submit_kwargs(
@@ -297,15 +300,15 @@ class TrtllmBackend(Backend):
 
     # -- health, load, KV events ----------------------------------------------------------
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """Whether the engine runs and its statistics reader is alive (the probe runs a real token)."""
         if self._llm is None:
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+            return [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, "engine stopped")]
         if self._failure is not None:
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message=self._failure)]
-        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="TensorRT-LLM engine running")]
+            return [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, self._failure)]
+        return [HealthCheck("model", pb.HEALTH_STATE_READY, "TensorRT-LLM engine running")]
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """The latest iteration statistics, corrected to zero when nothing is in flight."""
         idle = not self._handles
         return capabilities.load_info(
@@ -321,11 +324,11 @@ class TrtllmBackend(Backend):
         async for stat in _poll(self._running().get_stats_async):
             self._stats, self._stats_ns = stat, time.time_ns()
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """TensorRT-LLM's KV cache events, partial blocks withheld."""
         return self._kv_batches()
 
-    async def _kv_batches(self) -> AsyncIterator[pb.KvEventBatch]:
+    async def _kv_batches(self) -> AsyncIterator[KvEventBatch]:
         mapper = KvEventMapper(self._features.tokens_per_block)
         async for event in _poll(self._running().get_kv_cache_events_async):
             batch = mapper.batch(event, timestamp_ns=time.time_ns())
@@ -334,21 +337,9 @@ class TrtllmBackend(Backend):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``work`` in the background; its failure makes the engine NOT_READY."""
-
-        async def run() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # broad on purpose: a dead background task makes the engine NOT_READY
-                log.exception("TensorRT-LLM %s failed", what)
-                self._failure = f"TensorRT-LLM {what} failed: {exc!r}"
-
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _background_failed(self, what: str, exc: Exception) -> None:
+        """A dead background reader makes the engine NOT_READY."""
+        self._failure = f"{what} failed: {exc!r}"
 
     def _statistics_on(self) -> bool:
         """Whether TensorRT-LLM keeps iteration statistics (asking otherwise only logs a warning)."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from openengine_gateway import pb
+from openengine_gateway.spi import KvEventSource, Load, RankLoad
+from openengine_gateway.spi.zmq_kv import zmq_source
 
 ENGINE_NAME = "vllm"
 
@@ -181,30 +183,28 @@ def kv_connector(config: Any) -> pb.KvConnectorInfo | None:
     )
 
 
-def load_info(stats: Mapping[int, Any], *, blocks: int | None, ranks: Sequence[int]) -> pb.LoadInfo:
+def load_info(stats: Mapping[int, Any], *, blocks: int | None, ranks: Sequence[int]) -> Load:
     """A load snapshot from vLLM's latest ``SchedulerStats`` per engine (data-parallel rank).
 
     A rank without stats yet has not scheduled anything: it reports zero load. Used blocks are
-    vLLM's KV usage fraction times the rank's blocks, rounded.
+    vLLM's KV usage fraction times the rank's blocks, rounded; unknown without a block count.
     """
-    load = pb.LoadInfo(running_requests=0, queued_requests=0)
-    if blocks:
-        load.used_kv_blocks = 0
-        load.total_kv_blocks = 0
+    entries = []
     for rank in ranks:
         scheduler = stats.get(rank)
         running = scheduler.num_running_reqs if scheduler is not None else 0
         waiting = scheduler.num_waiting_reqs + scheduler.num_skipped_waiting_reqs if scheduler is not None else 0
-        entry = load.ranks.add(data_parallel_rank=rank, running_requests=running, queued_requests=waiting)
-        load.running_requests += running
-        load.queued_requests += waiting
-        if blocks:
-            used = round(scheduler.kv_cache_usage * blocks) if scheduler is not None else 0
-            entry.used_kv_blocks = used
-            entry.total_kv_blocks = blocks
-            load.used_kv_blocks += used
-            load.total_kv_blocks += blocks
-    return load
+        used = (round(scheduler.kv_cache_usage * blocks) if scheduler is not None else 0) if blocks else None
+        entries.append(
+            RankLoad(rank, running, waiting, used_kv_blocks=used, total_kv_blocks=blocks if blocks else None)
+        )
+    return Load(
+        running_requests=sum(entry.running_requests or 0 for entry in entries),
+        queued_requests=sum(entry.queued_requests or 0 for entry in entries),
+        used_kv_blocks=sum(entry.used_kv_blocks or 0 for entry in entries) if blocks else None,
+        total_kv_blocks=blocks * len(entries) if blocks else None,
+        ranks=entries,
+    )
 
 
 def publisher_binds(endpoint: str) -> bool:
@@ -226,38 +226,23 @@ def subscribable(config: Any, sources: Mapping[int, Any]) -> Mapping[int, Any]:
     return sources
 
 
-def kv_event_sources(sources: Mapping[int, Any]) -> list[pb.KvEventSource]:
+def kv_event_sources(sources: Mapping[int, Any]) -> list[KvEventSource]:
     """Subscribable publishers (``subscribable``) per data-parallel rank, endpoints as vLLM
-    resolved them, that another host can reach: an ``ipc://`` socket has no host and port.
-
-    A wildcard bind host stays a wildcard here; the gateway advertises its routable host instead.
-    """
+    resolved them, that another host can reach (``zmq_source``)."""
     result = []
     for rank, events in sorted(sources.items()):
-        if not events.endpoint.startswith("tcp://"):
-            continue
-        host, port = zmq_host_port(events.endpoint)
-        source = pb.KvEventSource(
-            transport="zmq",
-            endpoint_addr=pb.KvEndpoint(host=host, port=port, protocol="tcp"),
-            topic=events.topic,
+        source = zmq_source(
+            rank,
+            events.endpoint,
+            events.topic,
             replay_endpoint=events.replay_endpoint or "",
-            data_parallel_rank=rank,
-            encoding="msgpack",
             buffer_steps=events.buffer_steps,
             hwm=events.hwm,
             max_queue_size=events.max_queue_size,
         )
-        result.append(source)
+        if source is not None:
+            result.append(source)
     return result
-
-
-def zmq_host_port(endpoint: str) -> tuple[str, int]:
-    """``tcp://host:port`` → (host, port); a ``*`` host stays a wildcard, IPv6 brackets go."""
-    if not endpoint.startswith("tcp://"):
-        raise ValueError(f"not a tcp endpoint: {endpoint!r}")
-    host, _, port = endpoint[len("tcp://") :].rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 __all__ = [
@@ -279,5 +264,4 @@ __all__ = [
     "publisher_binds",
     "resolved_max_logprobs",
     "subscribable",
-    "zmq_host_port",
 ]

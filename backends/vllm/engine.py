@@ -28,26 +28,34 @@ from openengine_gateway.errors import (
     EngineFailure,
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
     RequestError,
     Unavailable,
 )
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
+    Classification,
     ClassifyCall,
     EmbedCall,
+    Embedding,
     EngineFacts,
+    EventStream,
     GenerationEvent,
     GenerationRequest,
+    HealthCheck,
+    KvEventBatch,
+    KvEventSource,
+    Load,
+    LoadedAdapters,
     LoraAdapter,
     Media,
     ScoreCall,
+    ScoreResult,
+    TaskUsage,
     UsageReport,
+    zmq_kv,
 )
 
-from ..zmq_kv_events import subscribe
-from ..zmq_kv_replay import repair_gaps
 from . import capabilities, mapping
 from .cpu_memory import CPU_KV_CACHE_ENV, cpu_kv_cache_default
 from .engine_args import engine_kwargs
@@ -143,20 +151,20 @@ def _sized_for_cpu(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**options, "kv_cache_memory_bytes": size}
 
 
-class VllmBackend(Backend):
+class VllmBackend(Backend[VllmSettings]):
     """vLLM's ``AsyncLLM`` serving one model (``--backend vllm --model PATH_OR_ID``)."""
 
     name: ClassVar[str] = capabilities.ENGINE_NAME
     Settings: ClassVar[type[BackendSettings]] = VllmSettings
 
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: VllmSettings) -> None:
         super().__init__(settings)
         self._engine: Any = None
         self._limits = mapping.EngineLimits(max_model_len=1, vocab_size=1, max_logprobs=0)
         self._features: capabilities.EngineFeatures | None = None
         self._stats: dict[int, Any] = {}
         self._stats_enabled = False
-        self._loras: dict[str, Any] = {}
+        self._loras: LoadedAdapters[Any] = LoadedAdapters("the vLLM engine")
         self._pooling: PoolingEngine | None = None
         self._dp_rank = 0
         self._sockets: tempfile.TemporaryDirectory[str] | None = None
@@ -167,7 +175,6 @@ class VllmBackend(Backend):
     async def start(self) -> EngineFacts:
         """Build ``AsyncLLM`` from the settings (in a thread: it blocks while the core starts)."""
         settings = self.settings
-        assert isinstance(settings, VllmSettings)
         import vllm
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -289,7 +296,7 @@ class VllmBackend(Backend):
 
     # -- generation -----------------------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest) -> EventStream:
         """Validate against the started engine (tokenizing text prompts), then stream."""
         if self._running().errored:
             raise Unavailable("the vLLM engine core died; restart this gateway", retry_after_ms=1000)
@@ -297,7 +304,7 @@ class VllmBackend(Backend):
         assert features is not None
         if "generate" not in features.supported_tasks:
             raise FailedPrecondition("this vLLM engine runs the pooling runner: it serves Embed, Classify and Score")
-        lora = self._lora(request.lora_name)
+        lora = self._loras.find(request.lora_name)
         prompt: dict[str, Any] = mapping.prompt_input(request)
         prompt_len: int | None = None
         if not request.media:
@@ -313,7 +320,7 @@ class VllmBackend(Backend):
             dp_rank=request.data_parallel_rank if request.data_parallel_rank is not None else self._dp_rank,
             token_text=self._token_text if request.prompt_logprobs is not None else None,
         )
-        return self._run(request, prompt, params, plan, lora, stream)
+        return EventStream.from_iterator(self._run(request, prompt, params, plan, lora, stream))
 
     def _token_text(self, token_id: int) -> str:
         """One token's text, decoded as vLLM decodes its logprob tokens."""
@@ -420,17 +427,17 @@ class VllmBackend(Backend):
 
     # -- tasks ----------------------------------------------------------------------------
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         """Embeddings through vLLM's pooling runner."""
-        return await _pooled(self._pooler().embed(call, self._lora(call.context.lora_name)))
+        return await _pooled(self._pooler().embed(call, self._loras.find(call.context.lora_name)))
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         """Class scores through vLLM's pooling runner."""
-        return await _pooled(self._pooler().classify(call, self._lora(call.context.lora_name)))
+        return await _pooled(self._pooler().classify(call, self._loras.find(call.context.lora_name)))
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """Pair scores (pooling runner) or label-token scores (generate runner)."""
-        return await _pooled(self._pooler().score(call, self._lora(call.context.lora_name)))
+        return await _pooled(self._pooler().score(call, self._loras.find(call.context.lora_name)))
 
     def _pooler(self) -> PoolingEngine:
         if self._pooling is None:
@@ -438,14 +445,6 @@ class VllmBackend(Backend):
         return self._pooling
 
     # -- LoRA -----------------------------------------------------------------------------
-
-    def _lora(self, name: str | None) -> Any:
-        if name is None:
-            return None
-        lora = self._loras.get(name)
-        if lora is None:
-            raise NotFound(f"LoRA adapter {name!r} is not loaded in the vLLM engine")
-        return lora
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
         """``AsyncLLM.add_lora``; the gateway's registry owns names and ids."""
@@ -458,49 +457,49 @@ class VllmBackend(Backend):
             raise InvalidArgument(f"vLLM could not load adapter {adapter.lora_name!r}: {exc}") from None
         if not loaded:
             raise InvalidArgument(f"vLLM did not load adapter {adapter.lora_name!r}")
-        self._loras[adapter.lora_name] = lora
+        self._loras.add(adapter.lora_name, lora)
 
     async def unload_lora(self, adapter: LoraAdapter) -> None:
         """``AsyncLLM.remove_lora`` by the adapter's id."""
-        self._loras.pop(adapter.lora_name, None)
+        self._loras.remove(adapter.lora_name)
         await self._running().remove_lora(adapter.lora_id)
 
     # -- health, load, KV events ----------------------------------------------------------
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """vLLM's own health check (a dead engine core or output loop is NOT_READY)."""
         engine = self._engine
         if engine is None:
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="engine stopped")]
+            return [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, "engine stopped")]
         try:
             await engine.check_health()
         except Exception as exc:  # broad on purpose: any failure is a NOT_READY check
-            return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message=f"vLLM: {exc!r}")]
-        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="vLLM engine core running")]
+            return [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, f"vLLM: {exc!r}")]
+        return [HealthCheck("model", pb.HEALTH_STATE_READY, "vLLM engine core running")]
 
-    async def load(self) -> pb.LoadInfo:
+    async def load(self) -> Load:
         """Running, waiting and KV usage per data-parallel rank from vLLM's scheduler stats.
 
         Nothing is known (every field absent) without stats, and once the engine core died: its
         last stats describe requests that no longer run."""
         if self._engine is None or self._engine.errored or not self._stats_enabled or self._features is None:
-            return pb.LoadInfo()
+            return Load()
         config = self._engine.vllm_config
         ranks = list(getattr(self._engine.engine_core, "engine_ranks_managed", ())) or [self._dp_rank]
         blocks = capabilities.blocks_per_rank(config, self._features)
         return capabilities.load_info(self._stats, blocks=blocks, ranks=ranks)
 
-    def kv_event_sources(self) -> list[pb.KvEventSource]:
+    def kv_event_sources(self) -> list[KvEventSource]:
         """vLLM's ZMQ KV-event publishers, one per data-parallel rank."""
         return capabilities.kv_event_sources(self._sources())
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """vLLM's published KV events, decoded into batches (vLLM's sequence numbers kept), with
         skipped batches replayed from vLLM's replay socket when it has one."""
         sources = self._sources()
-        batches = subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
+        batches = zmq_kv.subscribe({rank: (events.endpoint, events.topic) for rank, events in sources.items()})
         replay = {rank: events.replay_endpoint for rank, events in sources.items() if events.replay_endpoint}
-        return repair_gaps(batches, replay)
+        return zmq_kv.repair_gaps(batches, replay)
 
     def _sources(self) -> Mapping[int, Any]:
         """vLLM's KV-event publishers this gateway can subscribe to, by data-parallel rank."""

@@ -23,7 +23,18 @@ from typing import Any, TypeAlias
 
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import ClassifyCall, EmbedCall, ScoreCall, TaskItem
+from openengine_gateway.spi import (
+    CandidateScore,
+    Classification,
+    ClassifyCall,
+    DenseTensor,
+    EmbedCall,
+    Embedding,
+    ScoreCall,
+    ScoreResult,
+    TaskItem,
+    TaskUsage,
+)
 
 SEQUENCE, TOKEN = pb.TASK_OUTPUT_GRANULARITY_SEQUENCE, pb.TASK_OUTPUT_GRANULARITY_TOKEN
 _INPUTS = (pb.TASK_INPUT_TYPE_TEXT, pb.TASK_INPUT_TYPE_TOKEN_IDS)
@@ -126,8 +137,8 @@ def classify_params(call: ClassifyCall, model: PoolingModel) -> tuple[Granularit
     return granularity, semantics, params
 
 
-def dense(values: Any) -> pb.DenseFloatTensor:
-    """A tensor-like (``tolist``), nested lists, or numbers as a row-major ``DenseFloatTensor``."""
+def dense(values: Any) -> DenseTensor:
+    """A tensor-like (``tolist``), nested lists, or numbers as a row-major ``DenseTensor``."""
     data = values.tolist() if hasattr(values, "tolist") else values
     if not isinstance(data, list):
         data = [data]
@@ -135,28 +146,26 @@ def dense(values: Any) -> pb.DenseFloatTensor:
     if data and isinstance(data[0], list):
         shape.append(len(data[0]))
         data = [value for row in data for value in row]
-    return pb.DenseFloatTensor(shape=shape, values=data)
+    return DenseTensor(shape=shape, values=data)
 
 
-def embedding_output(data: Any, granularity: Granularity, prompt_ids: Sequence[int]) -> pb.EmbeddingOutput:
+def embedding_output(data: Any, granularity: Granularity, prompt_ids: Sequence[int]) -> Embedding:
     """One embedding; token embeddings carry their aligned token ids."""
-    output = pb.EmbeddingOutput(granularity=granularity, dense=dense(data))
-    if granularity == TOKEN:
-        output.token_ids.extend(prompt_ids)
-    return output
+    return Embedding(granularity, dense(data), token_ids=prompt_ids if granularity == TOKEN else ())
 
 
 def classification_output(
     data: Any, granularity: Granularity, semantics: Semantics, prompt_ids: Sequence[int], labels: Sequence[str]
-) -> pb.ClassificationOutput:
+) -> Classification:
     """One classification; labels when the model names exactly its classes."""
     scores = dense(data)
-    output = pb.ClassificationOutput(granularity=granularity, semantics=semantics, scores=scores)
-    if labels and len(labels) == scores.shape[-1]:
-        output.labels.extend(labels)
-    if granularity == TOKEN:
-        output.token_ids.extend(prompt_ids)
-    return output
+    return Classification(
+        granularity,
+        semantics,
+        scores,
+        labels=labels if labels and len(labels) == scores.shape[-1] else (),
+        token_ids=prompt_ids if granularity == TOKEN else (),
+    )
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -173,9 +182,9 @@ def item_prompt(item: TaskItem) -> dict[str, Any]:
     return {"prompt": item.text} if item.text is not None else {"prompt_token_ids": list(item.token_ids or ())}
 
 
-def usage(outputs: Sequence[Any]) -> pb.TaskUsage:
+def usage(outputs: Sequence[Any]) -> TaskUsage:
     """Input tokens and prefix-cache hits over every item."""
-    return pb.TaskUsage(
+    return TaskUsage(
         input_tokens=sum(len(out.prompt_token_ids) for out in outputs),
         cached_input_tokens=sum(out.num_cached_tokens or 0 for out in outputs),
     )
@@ -239,13 +248,13 @@ class PoolingEngine:
             final = output
         return final
 
-    async def embed(self, call: EmbedCall, lora: Any) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(self, call: EmbedCall, lora: Any) -> tuple[list[Embedding], TaskUsage]:
         """Embeddings of every item."""
         granularity, params = embed_params(call, self.model)
         outputs = await self.encode(call.context.request_id, call.items, params, lora, call.context.priority)
         return [embedding_output(o.outputs.data, granularity, o.prompt_token_ids) for o in outputs], usage(outputs)
 
-    async def classify(self, call: ClassifyCall, lora: Any) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(self, call: ClassifyCall, lora: Any) -> tuple[list[Classification], TaskUsage]:
         """Class scores of every item."""
         granularity, semantics, params = classify_params(call, self.model)
         outputs = await self.encode(call.context.request_id, call.items, params, lora, call.context.priority)
@@ -255,28 +264,28 @@ class PoolingEngine:
         ]
         return results, usage(outputs)
 
-    async def score(self, call: ScoreCall, lora: Any) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
+    async def score(self, call: ScoreCall, lora: Any) -> tuple[ScoreResult, TaskUsage]:
         """Cosine similarity of each candidate's embedding to its group's query embedding."""
         if "embed" not in self.model.tasks:
             raise InvalidArgument("this vLLM engine scores by embedding similarity and serves no sequence embeddings")
         items = [item for group in call.groups for item in (group.query, *group.candidates)]
         outputs = await self.encode(call.context.request_id, items, {"task": "embed"}, lora, call.context.priority)
         vectors = [o.outputs.data.tolist() for o in outputs]
-        response = pb.ScoreResponse(
-            granularity=SEQUENCE,
-            semantics=pb.TASK_VALUE_SEMANTICS_SIMILARITY,
-            higher_is_better=True,
-            normalization=pb.SCORE_NORMALIZATION_NONE,
-        )
+        groups = []
         position = 0
         for group in call.groups:
             query = vectors[position]
-            result = response.groups.add()
-            for offset in range(1, len(group.candidates) + 1):
-                similarity = cosine(query, vectors[position + offset])
-                result.candidates.add(scores=pb.DenseFloatTensor(shape=[1], values=[similarity]))
+            groups.append(
+                [
+                    CandidateScore(DenseTensor(shape=[1], values=[cosine(query, vectors[position + offset])]))
+                    for offset in range(1, len(group.candidates) + 1)
+                ]
+            )
             position += 1 + len(group.candidates)
-        return response, usage(outputs)
+        result = ScoreResult(
+            SEQUENCE, pb.TASK_VALUE_SEMANTICS_SIMILARITY, pb.SCORE_NORMALIZATION_NONE, groups, higher_is_better=True
+        )
+        return result, usage(outputs)
 
 
 __all__ = [

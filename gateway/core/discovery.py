@@ -12,8 +12,10 @@ import time
 from typing import Literal, get_args
 
 from .. import __version__, pb
+from ..contract.kv_wire import kv_source_to_proto
 from ..engines import Engine, EngineSet
 from ..errors import InvalidArgument
+from .results import load_message
 
 GATEWAY_ENGINE_NAME = "openengine-gateway"
 """``engine_name`` when engines of different kinds share one endpoint."""
@@ -86,7 +88,7 @@ class DiscoveryService:
     async def load(self, request: pb.GetLoadRequest) -> pb.LoadInfo:
         """A point-in-time load snapshot; with several engines, see ``_sum_loads``."""
         engines = list(self._engines)
-        loads = [await engine.backend.load() for engine in engines]
+        loads = [load_message(await engine.backend.load()) for engine in engines]
         merged = loads[0] if len(loads) == 1 else _sum_loads(engines, loads)
         result = pb.LoadInfo()
         result.CopyFrom(merged)
@@ -105,18 +107,18 @@ class DiscoveryService:
             for source in engine.backend.kv_event_sources():
                 rank = (
                     engine.ranks.to_endpoint(source.data_parallel_rank)
-                    if source.HasField("data_parallel_rank")
+                    if source.data_parallel_rank is not None
                     else None
                 )
                 if wanted and rank is not None and rank not in wanted:
                     continue
-                routable = response.sources.add()
-                routable.CopyFrom(source)
+                routable = kv_source_to_proto(source)
                 if rank is not None:
                     routable.data_parallel_rank = rank
                 if _is_wildcard(routable.endpoint_addr.host):
                     routable.endpoint_addr.host = self._advertise_host
                 routable.replay_endpoint = _routable_url(routable.replay_endpoint, self._advertise_host)
+                response.sources.append(routable)
         return response
 
 

@@ -15,10 +15,11 @@ import asyncio
 import logging
 
 from .. import pb
-from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure
-from .lifecycle import CHECK_TIMEOUT_S, engine_checks, worst
+from ..spi.results import Load
+from .health import CHECK_TIMEOUT_S, engine_checks, worst
+from .registry import RequestRegistry
 from .state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class EngineMonitor:
             engine.served_name: pb.HEALTH_STATE_STARTING for engine in engines
         }
         """Served name → ``HealthState`` of the engine's last check (STARTING until the first)."""
-        self.load: dict[str, pb.LoadInfo] = {}
+        self.load: dict[str, Load] = {}
         """Served name → the engine's last load snapshot (absent until one succeeds)."""
         self.polls = 0
 

@@ -17,8 +17,6 @@ from .. import pb
 from ..contract import tasks as rules
 from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_task_fields
 from ..contract.limits import RequestLimits, check_task_count, check_task_inputs, score_inputs
-from ..contract.lora import LoraRegistry
-from ..contract.registry import ActiveRequest, RequestRegistry
 from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
 from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error, clip
@@ -27,11 +25,15 @@ from ..spi.requests import TaskContext
 from .aborts import abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
+from .lora import LoraRegistry
+from .registry import ActiveRequest, RequestRegistry
+from .results import classify_messages, embed_messages, score_messages
 from .state import GatewayState
 from .telemetry import Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+U = TypeVar("U")
 C = TypeVar("C")
 
 
@@ -84,23 +86,23 @@ class TaskService:
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.embed(call))
+        outputs, usage = await self._run(engine, call.context, engine.backend.embed(call), embed_messages)
         return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.classify(call))
+        outputs, usage = await self._run(engine, call.context, engine.backend.classify(call), classify_messages)
         return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
         engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
-        result, usage = await self._run(engine, call.context, engine.backend.score(call))
+        result, usage = await self._run(engine, call.context, engine.backend.score(call), score_messages)
         return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
 
-    async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T]) -> T:
-        """Admit, run abortably, and turn any failure into a status."""
+    async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T], encode: Callable[[T], U]) -> U:
+        """Admit, run abortably, encode the driver's result, and turn any failure into a status."""
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
@@ -115,7 +117,7 @@ class TaskService:
         active.on_failure = lambda _failure: task.cancel()
         finished = failed = rejected = False
         try:
-            result = await task
+            result = encode(await task)
             finished = True
             return result
         except asyncio.CancelledError:

@@ -155,9 +155,9 @@ class _GatewayCollector(Collector):
         running = GaugeMetricFamily(f"{PREFIX}_engine_running_requests", "Requests the engine runs", labels=("model",))
         queued = GaugeMetricFamily(f"{PREFIX}_engine_queued_requests", "Requests the engine queues", labels=("model",))
         for model, load in list(monitor.load.items()):
-            if load.HasField("running_requests"):
+            if load.running_requests is not None:
                 running.add_metric((model,), load.running_requests)
-            if load.HasField("queued_requests"):
+            if load.queued_requests is not None:
                 queued.add_metric((model,), load.queued_requests)
         yield running
         yield queued

@@ -2,14 +2,18 @@
 
 ``from openengine_gateway import spi`` gives the ``Backend`` base class, its settings base,
 ``EngineFacts``, the validated request types, the generation events with their
-``EventStream``, the streaming helpers, and ``OutputTracker`` (one output of a token-by-token
-engine, stopping and text). ``openengine_gateway.pb`` gives the protobuf
-messages used for capabilities, load and events; ``openengine_gateway.errors`` the errors;
+``EventStream``, the streaming helpers, ``OutputTracker`` (one output of a token-by-token
+engine, stopping and text), the values tasks, load and health return (``spi.results``), and
+KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``).
+``openengine_gateway.pb`` gives the protobuf messages used for capabilities and events;
+``openengine_gateway.errors`` the errors;
 ``ConfigurationError`` is here too, for a setting the user must fix (the command exits 2).
 """
 
 from ..errors import ConfigurationError
-from .backend import SPI_VERSION, Backend, BackendSettings, EngineFacts
+from .adapters import LoadedAdapters
+from .backend import SPI_VERSION, Backend, BackendSettings, EngineFacts, SettingsT
+from .background import BackgroundTasks
 from .events import (
     Candidate,
     EventStream,
@@ -21,6 +25,15 @@ from .events import (
     TokenDelta,
     TokenRecord,
     UsageReport,
+)
+from .kv_events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvEventBatch,
+    KvEventSource,
 )
 from .requests import (
     CandidateSelection,
@@ -40,6 +53,19 @@ from .requests import (
     TaskContext,
     TaskItem,
 )
+from .results import (
+    CandidateScore,
+    Classification,
+    DenseTensor,
+    Embedding,
+    HealthCheck,
+    Load,
+    RankLoad,
+    ScoreResult,
+    SparseTensor,
+    TaskUsage,
+)
+from .sessions import HeldKvSessions
 from .streaming import (
     CumulativeOutput,
     LogprobRow,
@@ -54,21 +80,37 @@ from .tracking import OutputTracker, TokenStep
 
 __all__ = [
     "SPI_VERSION",
+    "AllBlocksCleared",
     "Backend",
     "BackendSettings",
+    "BackgroundTasks",
+    "BlockHash",
+    "BlockRemoved",
+    "BlockStored",
     "Candidate",
+    "CandidateScore",
     "CandidateSelection",
+    "Classification",
     "ClassifyCall",
     "ConfigurationError",
     "CumulativeOutput",
+    "DenseTensor",
     "EmbedCall",
+    "Embedding",
     "Endpoint",
     "EngineFacts",
     "EventStream",
     "GenerationEvent",
     "GenerationRequest",
     "Guidance",
+    "HealthCheck",
+    "HeldKvSessions",
+    "KvEvent",
+    "KvEventBatch",
+    "KvEventSource",
     "KvSession",
+    "Load",
+    "LoadedAdapters",
     "LogprobRequest",
     "LogprobRow",
     "LoraAdapter",
@@ -77,15 +119,20 @@ __all__ = [
     "OutputTracker",
     "PrefillDone",
     "PromptTokens",
+    "RankLoad",
     "Sampling",
     "ScoreCall",
     "ScoreGroupCall",
+    "ScoreResult",
+    "SettingsT",
+    "SparseTensor",
     "StopMatch",
     "StopTextHit",
     "StopTextMatcher",
     "Stopping",
     "TaskContext",
     "TaskItem",
+    "TaskUsage",
     "TokenDelta",
     "TokenRecord",
     "TokenStep",

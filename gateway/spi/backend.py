@@ -18,14 +18,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from .. import pb
 from ..errors import Unimplemented
-from .events import EventStream, GenerationEvent
+from .events import EventStream
+from .kv_events import KvEventBatch, KvEventSource
 from .requests import ClassifyCall, EmbedCall, GenerationRequest, LoraAdapter, ScoreCall
+from .results import Classification, Embedding, HealthCheck, Load, ScoreResult, TaskUsage
 
 SPI_VERSION = 1
 """The backend SPI revision this gateway implements."""
@@ -78,12 +80,19 @@ class EngineFacts:
     for them instead of ending the stream itself, so the client gets the engine's usage."""
 
 
-class Backend(ABC):
+SettingsT = TypeVar("SettingsT", bound=BackendSettings)
+"""A driver's own settings model: ``class MyBackend(Backend[MySettings])``."""
+
+
+class Backend(ABC, Generic[SettingsT]):
     """One inference engine serving one model.
 
-    Subclasses set ``name`` (the entry-point name), ``Settings`` (a ``BackendSettings``
-    subclass) and implement the abstract methods. Everything runs on the gateway's event
-    loop: never block it (run blocking native calls in a thread or the engine's own loop).
+    Subclasses name their settings model twice, as the type parameter (so ``self.settings``
+    has its type) and as ``Settings`` (the class the gateway validates options with):
+    ``class MyBackend(Backend[MySettings])`` with ``Settings = MySettings``. They set ``name``
+    (the entry-point name) and implement the abstract methods. Everything runs on the
+    gateway's event loop: never block it (run blocking native calls in a thread or the
+    engine's own loop).
     """
 
     name: ClassVar[str] = ""
@@ -94,8 +103,10 @@ class Backend(ABC):
     state, a shutdown that kills every child process of the gateway), or ``""`` when it can.
     The gateway then refuses, before anything starts, to serve it beside another engine."""
 
-    def __init__(self, settings: BackendSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: SettingsT) -> None:
+        if not isinstance(settings, self.Settings):  # the gateway validates with Settings; a test may not
+            raise TypeError(f"{type(self).__name__} needs {self.Settings.__name__}, got {type(settings).__name__}")
+        self.settings: SettingsT = settings
 
     @abstractmethod
     async def start(self) -> EngineFacts:
@@ -106,16 +117,17 @@ class Backend(ABC):
         """Release the engine. Called once; in-flight requests were already aborted."""
 
     @abstractmethod
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Start generating; return the request's events.
+    def generate(self, request: GenerationRequest) -> EventStream:
+        """Start generating; return the ``EventStream`` that carries the request's events.
 
         This method is synchronous on purpose: it is the driver's half of pre-acceptance
         validation. Raise a ``RequestError`` (``InvalidArgument``, ``NotFound``...) here for a
-        request the engine cannot take, and the client gets that gRPC status. What is
-        returned (an ``EventStream`` fed by the engine loop, or an async generator the core
-        drains into one) runs after acceptance, where failures are ``EngineFailure``. One
-        exception: a ``RequestError`` raised before the first event (a driver that learns the
-        verdict asynchronously, as the ``remote`` proxy does) is still that gRPC status.
+        request the engine cannot take, and the client gets that gRPC status. The stream runs
+        after acceptance, where failures are ``EngineFailure``: an engine loop ``put``s into
+        an ``EventStream()`` it created here, and a driver that awaits its engine per request
+        returns ``EventStream.from_iterator(its_async_generator)``. One exception: a
+        ``RequestError`` raised before the first event (a driver that learns the verdict
+        asynchronously, as the ``remote`` proxy does) is still that gRPC status.
 
         The events follow the protocol in ``spi.events``. Client cancellation, deadlines and
         ``Abort`` all reach the driver through ``abort``.
@@ -127,16 +139,17 @@ class Backend(ABC):
 
     # -- optional capabilities: advertise them in EngineFacts, override them here --------
 
-    async def embed(self, call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
-        """One ``EmbeddingOutput`` per item, in order; the core fills ids and indexes."""
+    async def embed(self, call: EmbedCall) -> tuple[Sequence[Embedding], TaskUsage]:
+        """One ``Embedding`` per item, in order; the core checks them and adds ids and indexes."""
         raise Unimplemented(f"{self.name} does not implement Embed")
 
-    async def classify(self, call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
-        """One ``ClassificationOutput`` per item, in order; the core fills ids and indexes."""
+    async def classify(self, call: ClassifyCall) -> tuple[Sequence[Classification], TaskUsage]:
+        """One ``Classification`` per item, in order; the core checks them and adds ids and indexes."""
         raise Unimplemented(f"{self.name} does not implement Classify")
 
-    async def score(self, call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
-        """Every group and candidate in order, with the actual semantics reported."""
+    async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
+        """Every group's candidates in order, with the semantics actually produced; the core adds
+        ids, indexes and the label order."""
         raise Unimplemented(f"{self.name} does not implement Score")
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
@@ -155,17 +168,17 @@ class Backend(ABC):
         """Release every KV session the engine holds (a drain past its deadline); how many."""
         return 0
 
-    async def load(self) -> pb.LoadInfo:
-        """A point-in-time load snapshot; leave what the engine cannot measure unset."""
-        return pb.LoadInfo()
+    async def load(self) -> Load:
+        """A point-in-time load snapshot; leave what the engine cannot measure ``None``."""
+        return Load()
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         """The engine's own health checks (``scheduler``, ``model``, ``kv_connector``...).
 
         The default says only that the driver is running. Raise nothing: report a failing
         check with state NOT_READY and a message.
         """
-        return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="engine started")]
+        return [HealthCheck("model", pb.HEALTH_STATE_READY, "engine started")]
 
     async def inference_probe(self) -> str | None:
         """Run the engine's own minimal inference for ``Health``; return what it observed.
@@ -176,17 +189,19 @@ class Backend(ABC):
         """
         return None
 
-    def kv_event_sources(self) -> list[pb.KvEventSource]:
-        """Engine-native KV event publishers (for example a ZMQ endpoint per DP rank)."""
+    def kv_event_sources(self) -> list[KvEventSource]:
+        """Engine-native KV event publishers clients may subscribe to directly (for example a
+        ZMQ endpoint per DP rank: ``spi.zmq_kv.zmq_source``)."""
         return []
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:
         """The engine's KV cache events as batches, per DP rank in publish order.
 
         Called once when ``publishes_kv_events`` is set. A ``sequence_number`` of zero asks
         the gateway to number the batch; non-zero numbers (an engine's own) are kept. Ranks
         are the engine's own and must be among those its ``parallelism`` advertises: behind
         an endpoint with several engines the gateway renumbers them (``contract.ranks``).
+        An engine that publishes over ZMQ is served by ``spi.zmq_kv.subscribe``.
         """
         raise Unimplemented(f"{self.name} does not publish KV events")
 
@@ -195,4 +210,4 @@ class Backend(ABC):
         raise Unimplemented(f"{self.name} does not publish runtime events")
 
 
-__all__ = ["SPI_VERSION", "Backend", "BackendSettings", "EngineFacts", "EventStream"]
+__all__ = ["SPI_VERSION", "Backend", "BackendSettings", "EngineFacts", "EventStream", "SettingsT"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 from openengine_backends.mock import MockBackend
 from openengine_gateway import pb
 from openengine_gateway.conformance.checks.abort import cancelled_cleanly
+from openengine_gateway.spi import Load
 from openengine_gateway.testing import serve_backends
 
 from .conftest import Served, mock, serve
@@ -104,10 +106,8 @@ async def test_a_prefill_engine_drains_its_held_kv_sessions() -> None:
 class NoSessionCount(MockBackend):
     """A mock whose load snapshot cannot report KV sessions (the field is absent: unknown)."""
 
-    async def load(self) -> pb.LoadInfo:
-        load = await super().load()
-        load.ClearField("active_kv_sessions")
-        return load
+    async def load(self) -> Load:
+        return replace(await super().load(), active_kv_sessions=None)
 
 
 async def test_absent_progress_counts_stay_absent() -> None:

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openengine_backends.mock import MockBackend
 from openengine_gateway import pb
 from openengine_gateway.core.gateway import GatewayOptions
-from openengine_gateway.spi import EventStream, GenerationRequest
+from openengine_gateway.spi import EventStream, GenerationRequest, HealthCheck
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.fakes import FakeBackend
@@ -104,12 +104,12 @@ async def test_an_engine_that_hangs_while_its_health_fails() -> None:
     async with serve_backends([("mock", backend)], options=FAST_MONITOR) as running:
         streams = [running.stub.Generate(generate(4)) for _ in range(3)]
         await wait_until(lambda: len(running.gateway.registry) == 3, what="three streams in flight")
-        backend.health_checks = [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_NOT_READY, message="wedged")]
+        backend.health_checks = [HealthCheck("model", pb.HEALTH_STATE_NOT_READY, "wedged")]
         for stream in streams:
             end = ending(await collect(stream))
             assert end.error is not None and end.error.retryable and "wedged" in end.error.message
         assert sorted(backend.aborted) == sorted(r.request_id for r in backend.requests)
-        backend.health_checks = [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="ok")]
+        backend.health_checks = [HealthCheck("model", pb.HEALTH_STATE_READY, "ok")]
         await wait_until(lambda: not running.gateway.state.engines_down, what="recovery")
         assert len(running.gateway.registry) == 0
 

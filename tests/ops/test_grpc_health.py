@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from openengine_gateway import pb
 from openengine_gateway.core.gateway import GatewayOptions
+from openengine_gateway.spi import HealthCheck
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.fakes import FakeBackend
@@ -32,9 +33,9 @@ class SlowToLoad(FakeBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.health_checks = [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_STARTING, message="loading")]
+        self.health_checks = [HealthCheck("model", pb.HEALTH_STATE_STARTING, "loading")]
 
-    async def check_health(self) -> list[pb.HealthCheck]:
+    async def check_health(self) -> list[HealthCheck]:
         await asyncio.sleep(0.05)  # a real check is a call (a remote, an engine process), never instant
         return await super().check_health()
 
@@ -54,7 +55,7 @@ async def test_watch_follows_starting_ready_and_draining() -> None:
         assert await check(running) == NOT_SERVING and await check(running, "") == NOT_SERVING
         assert (await running.stub.Health(pb.HealthRequest())).state == pb.HEALTH_STATE_STARTING
 
-        backend.health_checks = [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="loaded")]
+        backend.health_checks = [HealthCheck("model", pb.HEALTH_STATE_READY, "loaded")]
         assert (await watch.read()).status == SERVING
         assert await check(running) == SERVING and await check(running, "") == SERVING
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from openengine_gateway import __version__, pb
 from openengine_gateway.core.discovery import GATEWAY_ENGINE_NAME, DiscoveryService
 from openengine_gateway.errors import Internal, InvalidArgument, NotFound
+from openengine_gateway.spi import Endpoint, KvEventSource, Load, RankLoad
 
 from tests.fakes import FakeBackend, engine_set
 
@@ -123,10 +126,10 @@ def test_model_info_needs_a_known_model() -> None:
 
 async def test_single_engine_load_keeps_presence() -> None:
     backend = FakeBackend()
-    backend.load_info = pb.LoadInfo(
+    backend.load_info = Load(
         running_requests=0,
         used_kv_blocks=3,
-        ranks=[pb.RankLoadInfo(data_parallel_rank=0, running_requests=0)],
+        ranks=[RankLoad(data_parallel_rank=0, running_requests=0)],
         attributes={"k": "v"},
     )
     service = discovery(backend)
@@ -142,24 +145,24 @@ async def test_single_engine_load_keeps_presence() -> None:
 
 async def test_engine_timestamp_is_kept() -> None:
     backend = FakeBackend()
-    backend.load_info = pb.LoadInfo(timestamp_unix_nanos=5)
+    backend.load_info = Load(timestamp_unix_nanos=5)
     assert (await discovery(backend).load(pb.GetLoadRequest())).timestamp_unix_nanos == 5
 
 
 async def test_loads_are_summed_where_every_engine_reports() -> None:
     first, second = FakeBackend(), FakeBackend()
-    first.load_info = pb.LoadInfo(
+    first.load_info = Load(
         running_requests=2,
         queued_requests=1,
         used_kv_blocks=0,
-        ranks=[pb.RankLoadInfo(data_parallel_rank=0)],
+        ranks=[RankLoad(data_parallel_rank=0)],
         attributes={"a": "1"},
     )
-    second.load_info = pb.LoadInfo(
+    second.load_info = Load(
         running_requests=3,
         used_kv_blocks=0,
         total_kv_blocks=9,
-        ranks=[pb.RankLoadInfo(data_parallel_rank=0)],
+        ranks=[RankLoad(data_parallel_rank=0)],
         attributes={"b": "2"},
     )
     load = await discovery((first, "a"), (second, "b")).load(pb.GetLoadRequest(include_per_rank=True))
@@ -175,10 +178,10 @@ async def test_loads_are_summed_where_every_engine_reports() -> None:
 async def test_ranks_of_several_engines_are_endpoint_ranks() -> None:
     dp2 = pb.ParallelismInfo(data_parallel_size=2, data_parallel_start_rank=4)
     first, second = FakeBackend(parallelism=dp2), FakeBackend(parallelism=pb.ParallelismInfo(data_parallel_size=2))
-    first.load_info = pb.LoadInfo(ranks=[pb.RankLoadInfo(data_parallel_rank=4), pb.RankLoadInfo(data_parallel_rank=5)])
-    second.load_info = pb.LoadInfo(ranks=[pb.RankLoadInfo(data_parallel_rank=1), pb.RankLoadInfo(running_requests=1)])
-    first.event_sources = [pb.KvEventSource(topic="a5", data_parallel_rank=5, endpoint_addr=pb.KvEndpoint(host="h"))]
-    second.event_sources = [pb.KvEventSource(topic="b0", data_parallel_rank=0, endpoint_addr=pb.KvEndpoint(host="h"))]
+    first.load_info = Load(ranks=[RankLoad(data_parallel_rank=4), RankLoad(data_parallel_rank=5)])
+    second.load_info = Load(ranks=[RankLoad(data_parallel_rank=1), RankLoad(running_requests=1)])
+    first.event_sources = [KvEventSource(topic="a5", data_parallel_rank=5, endpoint=Endpoint(host="h", port=0))]
+    second.event_sources = [KvEventSource(topic="b0", data_parallel_rank=0, endpoint=Endpoint(host="h", port=0))]
     service = discovery((first, "a"), (second, "b"))
     load = await service.load(pb.GetLoadRequest(include_per_rank=True))
     ranks = [r.data_parallel_rank if r.HasField("data_parallel_rank") else None for r in load.ranks]
@@ -189,7 +192,8 @@ async def test_ranks_of_several_engines_are_endpoint_ranks() -> None:
     only_b = service.kv_event_sources(pb.GetKvEventSourcesRequest(data_parallel_ranks=[2, 3])).sources
     assert [s.topic for s in only_b] == ["b0"]
     assert first.event_sources[0].data_parallel_rank == 5  # the driver's list is not mutated
-    second.load_info.ranks.add(data_parallel_rank=2)  # outside what "b" advertises
+    outside = RankLoad(data_parallel_rank=2)  # outside what "b" advertises
+    second.load_info = replace(second.load_info, ranks=[*second.load_info.ranks, outside])
     with pytest.raises(Internal, match=r"advertises ranks 0\.\.1"):
         await service.load(pb.GetLoadRequest(include_per_rank=True))
 
@@ -200,10 +204,10 @@ async def test_ranks_of_several_engines_are_endpoint_ranks() -> None:
 @pytest.mark.parametrize("host", ["", "*", "0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0"])
 def test_wildcard_hosts_are_replaced(host: str) -> None:
     backend = FakeBackend()
-    backend.event_sources = [pb.KvEventSource(transport="zmq", endpoint_addr=pb.KvEndpoint(host=host, port=5557))]
+    backend.event_sources = [KvEventSource(transport="zmq", endpoint=Endpoint(host=host, port=5557))]
     (source,) = discovery(backend).kv_event_sources(pb.GetKvEventSourcesRequest()).sources
     assert (source.endpoint_addr.host, source.endpoint_addr.port) == ("node.example", 5557)
-    assert backend.event_sources[0].endpoint_addr.host == host  # the driver's list is not mutated
+    assert backend.event_sources[0].endpoint == Endpoint(host=host, port=5557)  # the driver's list is not mutated
 
 
 @pytest.mark.parametrize(
@@ -219,14 +223,14 @@ def test_wildcard_hosts_are_replaced(host: str) -> None:
 )
 def test_a_replay_endpoint_is_routable_too(replay: str, advertised: str) -> None:
     backend = FakeBackend()
-    backend.event_sources = [pb.KvEventSource(endpoint_addr=pb.KvEndpoint(host="*", port=5557), replay_endpoint=replay)]
+    backend.event_sources = [KvEventSource(endpoint=Endpoint(host="*", port=5557), replay_endpoint=replay)]
     (source,) = discovery(backend).kv_event_sources(pb.GetKvEventSourcesRequest()).sources
     assert source.replay_endpoint == advertised
 
 
 def test_an_ipv6_advertise_host_is_bracketed_in_a_replay_endpoint() -> None:
     backend = FakeBackend()
-    backend.event_sources = [pb.KvEventSource(replay_endpoint="tcp://*:5558")]
+    backend.event_sources = [KvEventSource(replay_endpoint="tcp://*:5558")]
     discovery_service = DiscoveryService(engine_set(backend), instance_id="gw-1", advertise_host="fd00::7")
     (source,) = discovery_service.kv_event_sources(pb.GetKvEventSourcesRequest()).sources
     assert source.replay_endpoint == "tcp://[fd00::7]:5558"
@@ -235,7 +239,7 @@ def test_an_ipv6_advertise_host_is_bracketed_in_a_replay_endpoint() -> None:
 @pytest.mark.parametrize("host", ["10.1.2.3", "node-7", "::1", "127.0.0.1"])
 def test_routable_hosts_are_kept(host: str) -> None:
     backend = FakeBackend()
-    backend.event_sources = [pb.KvEventSource(endpoint_addr=pb.KvEndpoint(host=host, port=1))]
+    backend.event_sources = [KvEventSource(endpoint=Endpoint(host=host, port=1))]
     (source,) = discovery(backend).kv_event_sources(pb.GetKvEventSourcesRequest()).sources
     assert source.endpoint_addr.host == host
 
@@ -243,9 +247,9 @@ def test_routable_hosts_are_kept(host: str) -> None:
 def test_sources_filtered_by_rank() -> None:
     backend = FakeBackend()
     backend.event_sources = [
-        pb.KvEventSource(topic="r0", data_parallel_rank=0, endpoint_addr=pb.KvEndpoint(host="h")),
-        pb.KvEventSource(topic="r1", data_parallel_rank=1, endpoint_addr=pb.KvEndpoint(host="h")),
-        pb.KvEventSource(topic="all", endpoint_addr=pb.KvEndpoint(host="h")),
+        KvEventSource(topic="r0", data_parallel_rank=0, endpoint=Endpoint(host="h", port=0)),
+        KvEventSource(topic="r1", data_parallel_rank=1, endpoint=Endpoint(host="h", port=0)),
+        KvEventSource(topic="all", endpoint=Endpoint(host="h", port=0)),
     ]
     service = discovery(backend)
     assert [s.topic for s in service.kv_event_sources(pb.GetKvEventSourcesRequest()).sources] == ["r0", "r1", "all"]

@@ -7,17 +7,22 @@ from collections.abc import AsyncIterator
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.registry import ActiveRequest
-from openengine_gateway.core.lifecycle import LifecycleService, worst
+from openengine_gateway.core.health import worst
+from openengine_gateway.core.lifecycle import LifecycleService
+from openengine_gateway.core.registry import ActiveRequest
 from openengine_gateway.errors import EngineFailure, InvalidArgument, NotFound, Unavailable, Unimplemented
 from openengine_gateway.spi import (
+    Classification,
     ClassifyCall,
     EmbedCall,
+    Embedding,
     EventStream,
     GenerationRequest,
+    HealthCheck,
     KvSession,
     OutputFinished,
     PrefillDone,
+    TaskUsage,
     UsageReport,
 )
 
@@ -321,9 +326,9 @@ async def test_health_combines_engine_checks() -> None:
     response = await lifecycle.health(pb.HealthRequest())
     assert response.state == READY
     assert [(c.name, c.state) for c in response.checks] == [("grpc", READY), ("model", READY)]
-    backend.health_checks.append(pb.HealthCheck(name="kv_connector", state=pb.HEALTH_STATE_DEGRADED, message="slow"))
+    backend.health_checks.append(HealthCheck("kv_connector", pb.HEALTH_STATE_DEGRADED, "slow"))
     assert (await lifecycle.health(pb.HealthRequest())).state == pb.HEALTH_STATE_DEGRADED
-    backend.health_checks.append(pb.HealthCheck(name="scheduler", state=NOT_READY, message="stuck"))
+    backend.health_checks.append(HealthCheck("scheduler", NOT_READY, "stuck"))
     assert (await lifecycle.health(pb.HealthRequest())).state == NOT_READY
 
 
@@ -335,7 +340,7 @@ async def test_health_while_draining() -> None:
 
 async def test_health_of_several_engines_and_model_selection() -> None:
     healthy, sick = FakeBackend(), FakeBackend()
-    sick.health_checks = [pb.HealthCheck(name="model", state=NOT_READY, message="oom")]
+    sick.health_checks = [HealthCheck("model", NOT_READY, "oom")]
     lifecycle = service(CoreParts(), (healthy, "a"), (sick, "b"))
     everything = await lifecycle.health(pb.HealthRequest())
     assert everything.state == NOT_READY
@@ -358,12 +363,12 @@ async def test_a_check_that_raises_or_hangs_is_that_engine_not_ready(
     monkeypatch: pytest.MonkeyPatch, failure: Exception | None, message: str
 ) -> None:
     """Not a failed Health for every engine behind the endpoint."""
-    from openengine_gateway.core import lifecycle as module
+    from openengine_gateway.core import health as module
 
     monkeypatch.setattr(module, "CHECK_TIMEOUT_S", 0.05)
     healthy, broken = FakeBackend(), FakeBackend()
 
-    async def check_health() -> list[pb.HealthCheck]:
+    async def check_health() -> list[HealthCheck]:
         if failure is not None:
             raise failure
         await asyncio.sleep(10)
@@ -378,11 +383,11 @@ async def test_a_check_that_raises_or_hangs_is_that_engine_not_ready(
 
 async def test_engines_are_checked_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     """Several hung engines cost one check's timeout, not one each."""
-    from openengine_gateway.core import lifecycle as module
+    from openengine_gateway.core import health as module
 
     monkeypatch.setattr(module, "CHECK_TIMEOUT_S", 0.5)
 
-    async def hang() -> list[pb.HealthCheck]:
+    async def hang() -> list[HealthCheck]:
         await asyncio.sleep(10)
         return []
 
@@ -453,11 +458,11 @@ async def test_a_pooling_engine_is_probed_with_its_task() -> None:
     )
     seen: list[EmbedCall | ClassifyCall] = []
 
-    async def embed(call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         seen.append(call)
-        return [], pb.TaskUsage()
+        return [], TaskUsage(input_tokens=0)
 
-    async def classify(call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
+    async def classify(call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         seen.append(call)
         raise EngineFailure(pb.ERROR_CODE_INTERNAL, "no classifier head")
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.contract.registry import ActiveRequest
+from openengine_gateway.core.registry import ActiveRequest
 from openengine_gateway.core.tasks import TaskService
 from openengine_gateway.errors import (
     AlreadyExists,
@@ -20,7 +20,18 @@ from openengine_gateway.errors import (
     Unavailable,
     Unimplemented,
 )
-from openengine_gateway.spi import ClassifyCall, EmbedCall, LoraAdapter, ScoreCall
+from openengine_gateway.spi import (
+    CandidateScore,
+    Classification,
+    ClassifyCall,
+    DenseTensor,
+    EmbedCall,
+    Embedding,
+    LoraAdapter,
+    ScoreCall,
+    ScoreResult,
+    TaskUsage,
+)
 
 from tests.fakes import CoreParts, FakeBackend, engine_set
 
@@ -47,21 +58,18 @@ def embed_request(request_id: str = "r1", model: str = "m", **context: object) -
     )
 
 
-def vectors(count: int) -> list[pb.EmbeddingOutput]:
-    return [
-        pb.EmbeddingOutput(granularity=SEQ, dense=pb.DenseFloatTensor(shape=[2], values=[0.0, 1.0]))
-        for _ in range(count)
-    ]
+def vectors(count: int) -> list[Embedding]:
+    return [Embedding(SEQ, DenseTensor(shape=[2], values=[0.0, 1.0])) for _ in range(count)]
 
 
 async def test_embed() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
     seen: list[EmbedCall] = []
 
-    async def embed(call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         seen.append(call)
         assert parts.registry.get("r1") is not None  # in flight while the engine works
-        return vectors(2), pb.TaskUsage(input_tokens=2)
+        return vectors(2), TaskUsage(input_tokens=2)
 
     backend.on_embed = embed
     response = await service(parts, backend).embed(embed_request(metadata={"k": "v"}))
@@ -76,24 +84,20 @@ async def test_embed() -> None:
 async def test_classify_and_score() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
 
-    async def classify(call: ClassifyCall) -> tuple[list[pb.ClassificationOutput], pb.TaskUsage]:
-        output = pb.ClassificationOutput(
-            granularity=SEQ,
-            semantics=pb.TASK_VALUE_SEMANTICS_LOGITS,
-            scores=pb.DenseFloatTensor(shape=[1], values=[0.5]),
-        )
-        return [output], pb.TaskUsage()
+    async def classify(call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
+        output = Classification(SEQ, pb.TASK_VALUE_SEMANTICS_LOGITS, DenseTensor(shape=[1], values=[0.5]))
+        return [output], TaskUsage(input_tokens=0)
 
-    async def score(call: ScoreCall) -> tuple[pb.ScoreResponse, pb.TaskUsage]:
-        candidate = pb.ScoreCandidateOutput(scores=pb.DenseFloatTensor(shape=[1], values=[2.0]))
-        result = pb.ScoreResponse(
-            granularity=SEQ,
-            semantics=pb.TASK_VALUE_SEMANTICS_RELEVANCE,
-            normalization=pb.SCORE_NORMALIZATION_NONE,
+    async def score(call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
+        candidate = CandidateScore(DenseTensor(shape=[1], values=[2.0]))
+        result = ScoreResult(
+            SEQ,
+            pb.TASK_VALUE_SEMANTICS_RELEVANCE,
+            pb.SCORE_NORMALIZATION_NONE,
+            groups=[[candidate]],
             higher_is_better=True,
-            groups=[pb.ScoreGroupOutput(candidates=[candidate])],
         )
-        return result, pb.TaskUsage(input_tokens=5)
+        return result, TaskUsage(input_tokens=5)
 
     backend.on_classify, backend.on_score = classify, score
     tasks = service(parts, backend)
@@ -154,9 +158,9 @@ async def test_loaded_lora_is_passed_down() -> None:
     parts.loras.add(LoraAdapter(1, "l", "/a"))
     seen: list[EmbedCall] = []
 
-    async def embed(call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         seen.append(call)
-        return vectors(2), pb.TaskUsage()
+        return vectors(2), TaskUsage(input_tokens=0)
 
     backend.on_embed = embed
     await service(parts, backend).embed(embed_request(lora_name="l"))
@@ -175,7 +179,7 @@ async def test_loaded_lora_is_passed_down() -> None:
 async def test_driver_failures_become_statuses(error: Exception, kind: type[Exception], accepted: bool) -> None:
     parts, backend = CoreParts(), backend_with_tasks()
 
-    async def embed(_call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(_call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         raise error
 
     backend.on_embed = embed
@@ -197,8 +201,8 @@ async def test_driver_without_the_method_is_unimplemented() -> None:
 async def test_malformed_result_is_internal() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
 
-    async def embed(_call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
-        return vectors(1), pb.TaskUsage()
+    async def embed(_call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
+        return vectors(1), TaskUsage(input_tokens=0)
 
     backend.on_embed = embed
     with pytest.raises(Internal, match="malformed result: the engine returned 1 outputs for 2 inputs"):
@@ -209,7 +213,7 @@ async def test_abort_cancels_a_running_task() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
     started, stopped = asyncio.Event(), asyncio.Event()
 
-    async def embed(_call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(_call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         started.set()
         try:
             await asyncio.Event().wait()
@@ -232,7 +236,7 @@ async def test_client_cancellation_stops_the_work() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
     started, stopped = asyncio.Event(), asyncio.Event()
 
-    async def embed(_call: EmbedCall) -> tuple[list[pb.EmbeddingOutput], pb.TaskUsage]:
+    async def embed(_call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         started.set()
         try:
             await asyncio.Event().wait()

@@ -22,6 +22,7 @@ from openengine_gateway.spi import (
     TokenDelta,
     TokenRecord,
     UsageReport,
+    results,
 )
 from openengine_gateway.testing import serve_backends
 
@@ -44,6 +45,11 @@ def test_every_model_info_field_is_in_the_table() -> None:
         f"generation.{f.name}" for f in pb.GenerationCapabilities.DESCRIPTOR.fields if f.name not in generation
     ]
     assert undocumented == []
+
+
+def test_every_result_value_is_in_the_results_table() -> None:
+    table = "\n".join(_table_rows("## Results (`spi.results`)"))
+    assert [name for name in results.__all__ if f"`{name}(" not in table] == []
 
 
 def test_the_neutral_values_are_the_codes() -> None:

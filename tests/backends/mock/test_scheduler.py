@@ -8,10 +8,11 @@ from typing import TypeVar
 
 import pytest
 from openengine_backends.mock.events import EventOverflow
-from openengine_backends.mock.kv_cache import CacheKey, block_hash, hash_proto
+from openengine_backends.mock.kv_cache import CacheKey, block_hash
 from openengine_backends.mock.tokenizer import encode
 from openengine_gateway import pb
-from openengine_gateway.spi import LoraAdapter, Sampling, Stopping, UsageReport
+from openengine_gateway.contract.kv_wire import kv_batch_to_proto
+from openengine_gateway.spi import BlockHash, LoraAdapter, Sampling, Stopping, UsageReport
 
 from .support import engine, generate, request
 
@@ -65,14 +66,14 @@ async def test_kv_events_describe_the_real_allocations(tmp_path: object) -> None
         await backend.load_lora(LoraAdapter(9, "nine", str(tmp_path)))
         await generate(backend, prompt=PROMPT, lora_name="nine", stopping=Stopping(max_tokens=1))
         await backend.unload_lora(LoraAdapter(9, "nine", str(tmp_path)))
-        batches = await drain(events)
+        batches = [kv_batch_to_proto(batch) for batch in await drain(events)]
     tokens = encode(PROMPT)
     first = block_hash(CacheKey().root, tokens[:16])
     second = block_hash(first, tokens[16:32])
     base, adapted, removed = batches
     assert all(b.sequence_number == 0 and b.data_parallel_rank == 0 for b in batches)
     stored = base.events[0].block_stored
-    assert [h.value for h in stored.block_hashes] == [hash_proto(first).value, hash_proto(second).value]
+    assert [h.value for h in stored.block_hashes] == [BlockHash.of(first).value, BlockHash.of(second).value]
     assert list(stored.token_ids) == tokens[:32] and stored.block_size == 16 and stored.lora_id == 0
     lora_stored = adapted.events[0].block_stored
     assert (lora_stored.lora_id, lora_stored.lora_name) == (9, "nine")
@@ -87,7 +88,7 @@ async def test_eviction_under_pressure_publishes_removals() -> None:
         events = backend.kv_events()
         for word in ("alpha", "bravo", "charlie", "delta"):
             await generate(backend, prompt=f"{word}: {PROMPT[:30]}", stopping=Stopping(max_tokens=1))
-        batches = await drain(events)
+        batches = [kv_batch_to_proto(batch) for batch in await drain(events)]
         load = await backend.load()
     kinds = [e.WhichOneof("event") for b in batches for e in b.events]
     assert "block_removed" in kinds
@@ -145,9 +146,9 @@ async def test_load_reports_queue_tokens_and_batches() -> None:
     assert (load.prefill_batch_size, load.decode_batch_size) == (0, 1)
     assert load.used_kv_blocks >= 3 and load.total_kv_blocks == 1024
     for name in ("active_kv_sessions", "running_requests", "prefill_batch_size"):
-        assert load.HasField(name)
+        assert getattr(load, name) is not None
     (rank,) = load.ranks
-    assert rank.HasField("data_parallel_rank") and rank.running_requests == 1 and rank.queued_requests == 2
+    assert rank.data_parallel_rank is not None and rank.running_requests == 1 and rank.queued_requests == 2
 
 
 async def test_priority_orders_the_waiting_queue() -> None:

@@ -11,6 +11,7 @@ from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.capabilities import EngineState
 from openengine_backends.sglang.tasks import task_capabilities
 from openengine_gateway import pb
+from openengine_gateway.contract.kv_wire import kv_source_to_proto
 
 from .fake_api import LoadSnapshot, resolved
 
@@ -113,7 +114,7 @@ def test_load_from_sglangs_snapshots() -> None:
     assert (load.running_requests, load.queued_requests) == (3, 3)
     assert (load.used_kv_blocks, load.total_kv_blocks) == (2, 8)
     assert [rank.data_parallel_rank for rank in load.ranks] == [0, 1]
-    assert load.timestamp_unix_nanos == 1_500_000_000 and load.HasField("active_kv_sessions")
+    assert load.timestamp_unix_nanos == 1_500_000_000 and load.active_kv_sessions is not None
     assert capabilities.load_info([], page_size=1, kv_sessions=2).active_kv_sessions == 2
 
 
@@ -142,7 +143,7 @@ def test_attention_dp_ranks_count_as_data_parallel_ranks() -> None:
     assert list(kv_publishers.kv_event_publishers(args).values()) == [
         (f"tcp://*:{port}", "") for port in range(5557, 5561)
     ]
-    last = kv_publishers.kv_event_sources(args)[-1]
+    last = kv_source_to_proto(kv_publishers.kv_event_sources(args)[-1])
     assert (last.data_parallel_rank, last.endpoint_addr.port, last.replay_endpoint) == (3, 5560, "tcp://*:5603")
 
 

@@ -165,11 +165,11 @@ def test_load_reads_the_latest_statistics_and_zeroes_an_idle_engine() -> None:
     busy = load_info(STATS, in_flight=2, total_blocks=100, timestamp_ns=5)
     assert (busy.running_requests, busy.queued_requests, busy.used_kv_blocks, busy.total_kv_blocks) == (3, 3, 40, 100)
     assert (busy.prefill_batch_size, busy.decode_batch_size, busy.timestamp_unix_nanos) == (1, 2, 5)
-    assert not busy.HasField("active_kv_sessions")
+    assert busy.active_kv_sessions is None
     idle = load_info(STATS, in_flight=0, total_blocks=100, timestamp_ns=9)
     assert (idle.running_requests, idle.queued_requests, idle.used_kv_blocks) == (0, 0, 0)
-    assert not idle.HasField("active_kv_sessions"), "the driver holds no KV session: their count is unknown"
+    assert idle.active_kv_sessions is None, "the driver holds no KV session: their count is unknown"
     prefill = load_info(STATS, in_flight=0, total_blocks=100, timestamp_ns=9, kv_outlives_requests=True)
-    assert prefill.running_requests == 0 and not prefill.HasField("used_kv_blocks")
+    assert prefill.running_requests == 0 and prefill.used_kv_blocks is None
     unknown = load_info(None, in_flight=1, total_blocks=None, timestamp_ns=1)
-    assert not unknown.HasField("running_requests") and not unknown.HasField("total_kv_blocks")
+    assert unknown.running_requests is None and unknown.total_kv_blocks is None

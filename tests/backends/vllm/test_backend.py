@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from openengine_backends.vllm import VllmBackend, VllmSettings
-from openengine_gateway import pb
+from openengine_gateway.spi import Load
 
 from .shapes import SchedulerStats, VllmConfig
 from .test_capabilities import FEATURES
@@ -52,7 +52,7 @@ async def test_load_comes_from_the_latest_scheduler_stats() -> None:
 
 async def test_a_dead_engine_core_reports_no_load() -> None:
     """Its last stats describe requests that no longer run: every field is absent (unavailable)."""
-    assert await started(AsyncLLM(errored=True)).load() == pb.LoadInfo()
+    assert await started(AsyncLLM(errored=True)).load() == Load()
 
 
 async def test_stop_shuts_the_engine_down_and_removes_its_socket_files(tmp_path: Path) -> None:

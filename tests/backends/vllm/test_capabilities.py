@@ -9,6 +9,8 @@ from openengine_backends.vllm import capabilities as caps
 from openengine_backends.vllm.capabilities import EngineFeatures
 from openengine_gateway import pb
 from openengine_gateway.contract.capabilities import check_model_info
+from openengine_gateway.contract.kv_wire import kv_source_to_proto
+from openengine_gateway.spi.zmq_kv import zmq_host_port
 
 from .shapes import KVEventsConfig, KVTransferConfig, ParallelConfig, SchedulerConfig, SchedulerStats, VllmConfig
 
@@ -131,25 +133,26 @@ def test_load_from_scheduler_stats_per_rank() -> None:
         (1, 1, 50),
         (2, 0, 0),
     ]
-    assert load.ranks[2].HasField("queued_requests") and load.ranks[2].queued_requests == 0
+    assert load.ranks[2].queued_requests is not None and load.ranks[2].queued_requests == 0
     unknown = caps.load_info({}, blocks=None, ranks=[0])
-    assert not unknown.HasField("used_kv_blocks") and unknown.running_requests == 0
+    assert unknown.used_kv_blocks is None and unknown.running_requests == 0
 
 
 def test_kv_event_sources_keep_the_per_rank_endpoint() -> None:
-    sources = caps.kv_event_sources(
+    published = caps.kv_event_sources(
         {
             0: KVEventsConfig(topic="kv"),
             1: KVEventsConfig(endpoint="tcp://10.0.0.5:5558", replay_endpoint="tcp://*:6000"),  # tcp://*:0, bound
             2: KVEventsConfig(endpoint="ipc:///tmp/kv"),  # no host and port to advertise
         }
     )
+    sources = [kv_source_to_proto(source) for source in published]
     assert [source.data_parallel_rank for source in sources] == [0, 1]
     assert sources[0].endpoint_addr == pb.KvEndpoint(host="*", port=5557, protocol="tcp")
     assert sources[0].topic == "kv" and sources[0].encoding == "msgpack" and sources[0].data_parallel_rank == 0
     assert sources[1].endpoint_addr.host == "10.0.0.5" and sources[1].data_parallel_rank == 1
     assert sources[1].replay_endpoint == "tcp://*:6000" and sources[1].hwm == 100_000
-    assert caps.zmq_host_port("tcp://[::1]:5557") == ("::1", 5557)
+    assert zmq_host_port("tcp://[::1]:5557") == ("::1", 5557)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from openengine_backends.vllm.pooling import PoolingModel
 from openengine_gateway import pb
 from openengine_gateway.contract.capabilities import check_model_info
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import ClassifyCall, EmbedCall, TaskContext, TaskItem
+from openengine_gateway.spi import ClassifyCall, DenseTensor, EmbedCall, TaskContext, TaskItem, TaskUsage
 
 SEQ, TOK = pb.TASK_OUTPUT_GRANULARITY_SEQUENCE, pb.TASK_OUTPUT_GRANULARITY_TOKEN
 EMBEDDER = PoolingModel(tasks=("embed", "token_embed"), dimension=4)
@@ -75,9 +75,9 @@ class Tensor:
 
 def test_outputs_are_row_major_tensors_with_aligned_token_ids() -> None:
     sequence = pooling.embedding_output(Tensor([0.5, 1.0]), SEQ, [0, 7])
-    assert sequence.dense == pb.DenseFloatTensor(shape=[2], values=[0.5, 1.0]) and not sequence.token_ids
+    assert sequence.vector == DenseTensor(shape=[2], values=[0.5, 1.0]) and not sequence.token_ids
     token = pooling.embedding_output(Tensor([[1.0, 2.0], [3.0, 4.0]]), TOK, [0, 7])
-    assert list(token.dense.shape) == [2, 2] and list(token.dense.values) == [1, 2, 3, 4]
+    assert list(token.vector.shape) == [2, 2] and list(token.vector.values) == [1, 2, 3, 4]
     assert list(token.token_ids) == [0, 7]
     labelled = pooling.classification_output(
         Tensor([0.25, 0.75]), SEQ, pb.TASK_VALUE_SEMANTICS_PROBABILITIES, [0], ("no", "yes")
@@ -98,7 +98,7 @@ def test_cosine_and_usage() -> None:
         def __init__(self, ids: list[int], cached: int | None) -> None:
             self.prompt_token_ids, self.num_cached_tokens = ids, cached
 
-    assert pooling.usage([Out([1, 2], 0), Out([3], None)]) == pb.TaskUsage(input_tokens=3, cached_input_tokens=0)
+    assert pooling.usage([Out([1, 2], 0), Out([3], None)]) == TaskUsage(input_tokens=3, cached_input_tokens=0)
 
 
 def test_task_prompts() -> None:

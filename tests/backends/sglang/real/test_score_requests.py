@@ -58,7 +58,7 @@ async def test_a_causal_score_is_the_candidates_summed_prompt_logprobs(
     work = runner(tokenizer_manager, internal_state).score(call, ["s1"])
     response, usage = await answered(tokenizer_manager, work, answer, 1)
     candidate = tokenizer_manager.tokenizer(" brown fox", add_special_tokens=False)["input_ids"]
-    (scored,) = response.groups[0].candidates
+    (scored,) = response.groups[0]
     assert list(scored.scores.values) == pytest.approx([-0.5 * len(candidate)])
     assert response.semantics == pb.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES
     query = tokenizer_manager.tokenizer("the quick")["input_ids"]

@@ -128,8 +128,8 @@ async def test_embeddings_and_usage_from_sglangs_results(embedding_manager: Any)
         EmbedCall(context=CONTEXT, items=items), list(values)
     )
     outputs, usage = await answered(embedding_manager, work, embedding_answer(values), 2)
-    assert [list(output.dense.values) for output in outputs] == [values["rid-a"], values["rid-b"]]
-    assert [list(output.dense.shape) for output in outputs] == [[3], [3]]
+    assert [list(output.vector.values) for output in outputs] == [values["rid-a"], values["rid-b"]]
+    assert [list(output.vector.shape) for output in outputs] == [[3], [3]]
     text_tokens = len(embedding_manager.tokenizer("the quick brown fox")["input_ids"])
     assert usage.input_tokens == text_tokens + 3
 
