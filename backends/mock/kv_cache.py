@@ -6,7 +6,7 @@ adapter and the cache salt, so different adapters or salts never share blocks. A
 leading blocks are looked up before it runs (unless it bypasses the cache; its own new
 blocks are still cached). Freed cached blocks stay reusable until evicted, least recently
 freed first (a sequence's tail before its head). Every store, eviction and clear is
-recorded as an OpenEngine ``KvEvent`` in order, for the engine to publish per step.
+recorded in order and taken as the SPI's KV events, for the engine to publish per step.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from openengine_gateway import pb
+from openengine_gateway.spi import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
 
 
 class CacheKey(NamedTuple):
@@ -52,11 +53,6 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
     return _digest(struct.pack(f">q{len(tokens)}I", parent, *tokens))
 
 
-def hash_proto(value: int) -> pb.KvBlockHash:
-    """The wire form of a block hash: 8-byte big-endian signed int64."""
-    return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=True), encoding="int64")
-
-
 @dataclass(eq=False, slots=True)
 class Block:
     """One KV block; ``block_hash`` is set while it is in the prefix cache."""
@@ -65,6 +61,21 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     lora_id: int = 0
+
+
+@dataclass(slots=True)
+class _Stored:
+    """A chain of stored blocks of one request, still growing while it is the last event recorded."""
+
+    request_id: str
+    parent: int | None
+    key: CacheKey
+    hashes: list[int]
+    tokens: list[int]
+
+
+_Recorded = _Stored | list[int] | None
+"""A recorded event: stored blocks, the hashes of removed blocks, or None for a clear."""
 
 
 @dataclass(slots=True)
@@ -82,12 +93,12 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._record = record_events
-        """Whether stores, removals and clears become ``KvEvent``s: off when the engine publishes
-        none, as building them costs more than caching the block."""
+        """Whether stores, removals and clears are recorded: off when the engine publishes none,
+        as recording them costs more than caching the block."""
         self._empty: deque[Block] = deque(Block(i) for i in range(num_blocks))
         self._evictable: OrderedDict[int, Block] = OrderedDict()
         self._cached: dict[int, Block] = {}
-        self._events: list[pb.KvEvent] = []
+        self._events: list[_Recorded] = []
 
     @property
     def free(self) -> int:
@@ -204,12 +215,29 @@ class BlockManager:
         self._evictable.clear()
         self._empty = deque(Block(i) for i in range(self.num_blocks))
         if self._record:
-            self._events.append(pb.KvEvent(all_blocks_cleared=pb.AllBlocksCleared()))
+            self._events.append(None)
 
-    def take_events(self) -> list[pb.KvEvent]:
+    def take_events(self) -> list[KvEvent]:
         """The events recorded since the last call, in order."""
         events, self._events = self._events, []
-        return events
+        return [self._event(recorded) for recorded in events]
+
+    def _event(self, recorded: _Recorded) -> KvEvent:
+        if recorded is None:
+            return AllBlocksCleared()
+        if isinstance(recorded, list):
+            return BlockRemoved(block_hashes=[BlockHash.of(h) for h in recorded], medium=pb.STORAGE_MEDIUM_GPU)
+        key = recorded.key
+        return BlockStored(
+            block_hashes=[BlockHash.of(h) for h in recorded.hashes],
+            token_ids=recorded.tokens,
+            parent_block_hash=None if recorded.parent is None else BlockHash.of(recorded.parent),
+            block_size=self.block_size,
+            lora_id=key.lora_id,
+            lora_name=key.lora_name,
+            medium=pb.STORAGE_MEDIUM_GPU,
+            request_id=recorded.request_id,
+        )
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0 and block.block_hash is not None:
@@ -224,11 +252,10 @@ class BlockManager:
         if not self._record:
             return
         last = self._events[-1] if self._events else None
-        if last is not None and last.WhichOneof("event") == "block_removed":
-            last.block_removed.block_hashes.append(hash_proto(value))
+        if isinstance(last, list):
+            last.append(value)
             return
-        removed = pb.BlockRemoved(block_hashes=[hash_proto(value)], medium=pb.STORAGE_MEDIUM_GPU)
-        self._events.append(pb.KvEvent(block_removed=removed))
+        self._events.append([value])
 
     def _stored(self, value: int, parent: int | None, tokens: Sequence[int], key: CacheKey, request_id: str) -> None:
         """Record a stored block, extending the previous event when it continues that chain."""
@@ -237,25 +264,14 @@ class BlockManager:
         last = self._events[-1] if self._events else None
         if (
             parent is not None
-            and last is not None
+            and isinstance(last, _Stored)
             and last.request_id == request_id
-            and last.WhichOneof("event") == "block_stored"
-            and last.block_stored.block_hashes[-1].value == parent.to_bytes(8, "big", signed=True)
+            and last.hashes[-1] == parent
         ):
-            last.block_stored.block_hashes.append(hash_proto(value))
-            last.block_stored.token_ids.extend(tokens)
+            last.hashes.append(value)
+            last.tokens.extend(tokens)
             return
-        stored = pb.BlockStored(
-            block_hashes=[hash_proto(value)],
-            token_ids=tokens,
-            block_size=self.block_size,
-            lora_id=key.lora_id,
-            lora_name=key.lora_name,
-            medium=pb.STORAGE_MEDIUM_GPU,
-        )
-        if parent is not None:
-            stored.parent_block_hash.CopyFrom(hash_proto(parent))
-        self._events.append(pb.KvEvent(request_id=request_id, block_stored=stored))
+        self._events.append(_Stored(request_id, parent, key, [value], list(tokens)))
 
 
-__all__ = ["Block", "BlockManager", "BlockTable", "CacheKey", "block_hash", "hash_proto"]
+__all__ = ["Block", "BlockManager", "BlockTable", "CacheKey", "block_hash"]

@@ -19,6 +19,9 @@ import grpc
 from openengine_gateway import pb
 from openengine_gateway.client import OpenEngineClient, StatusError
 from openengine_gateway.errors import EngineFailure
+from openengine_gateway.spi import KvEventBatch
+
+from .kv_values import kv_batch
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ async def publishes(stream: AsyncIterator[object], within_s: float) -> bool:
 
 async def relay_kv(
     client: OpenEngineClient, cursor: KvCursor, *, retry_s: float, timeout_s: float
-) -> AsyncIterator[pb.KvEventBatch]:
+) -> AsyncIterator[KvEventBatch]:
     """The remote's KV event batches, exactly once each, for as long as the relay runs."""
     backoff = Backoff(retry_s)
     while True:
@@ -129,7 +132,7 @@ async def relay_kv(
                 backoff.reset()
                 batch = cursor.accept(response.batch)
                 if batch is not None:
-                    yield batch
+                    yield kv_batch(batch)
         except StatusError as error:
             if error.code == grpc.StatusCode.UNIMPLEMENTED:
                 raise EngineFailure(

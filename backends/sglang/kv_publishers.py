@@ -12,8 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from openengine_gateway import pb
-from openengine_gateway.spi import ConfigurationError
+from openengine_gateway.spi import ConfigurationError, KvEventSource
+from openengine_gateway.spi.zmq_kv import zmq_source
 
 from .capabilities import dp_ranks
 
@@ -109,32 +109,25 @@ def kv_event_publishers(server: Mapping[str, Any]) -> dict[int, tuple[str, str]]
     return {rank: (rank_endpoint(endpoint, rank), topic) for rank in range(dp_ranks(server))}
 
 
-def kv_event_sources(server: Mapping[str, Any]) -> list[pb.KvEventSource]:
-    """The ``tcp://`` publishers as ``GetKvEventSources`` entries (a wildcard host stays one; the
-    gateway advertises its routable host instead). An ``ipc://`` socket has no host and port to
-    advertise: its events reach clients through ``SubscribeKvEvents`` only."""
+def kv_event_sources(server: Mapping[str, Any]) -> list[KvEventSource]:
+    """The publishers another host can reach, as ``GetKvEventSources`` entries (``zmq_source``)."""
     config = kv_events_config(server)
     if config is None:
         return []
     replay = config.get("replay_endpoint")
     sources = []
     for rank, (endpoint, topic) in kv_event_publishers(server).items():
-        if not endpoint.startswith("tcp://"):
-            continue
-        host, _, port = endpoint[len("tcp://") :].rpartition(":")
-        sources.append(
-            pb.KvEventSource(
-                transport="zmq",
-                endpoint_addr=pb.KvEndpoint(host=host.strip("[]"), port=int(port), protocol="tcp"),
-                topic=topic,
-                replay_endpoint=rank_endpoint(str(replay), rank) if replay else "",
-                data_parallel_rank=rank,
-                encoding="msgpack",
-                buffer_steps=int(config.get("buffer_steps", 10_000)),
-                hwm=int(config.get("hwm", 100_000)),
-                max_queue_size=int(config.get("max_queue_size", 100_000)),
-            )
+        source = zmq_source(
+            rank,
+            endpoint,
+            topic,
+            replay_endpoint=rank_endpoint(str(replay), rank) if replay else "",
+            buffer_steps=int(config.get("buffer_steps", 10_000)),
+            hwm=int(config.get("hwm", 100_000)),
+            max_queue_size=int(config.get("max_queue_size", 100_000)),
         )
+        if source is not None:
+            sources.append(source)
     return sources
 
 

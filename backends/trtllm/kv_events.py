@@ -1,4 +1,4 @@
-"""TensorRT-LLM's KV cache events → ``pb.KvEventBatch``: pure, stateful only for partial blocks.
+"""TensorRT-LLM's KV cache events → ``KvEventBatch`` values: pure, stateful only for partial blocks.
 
 ``LLM.get_kv_cache_events_async`` yields Python dicts (TensorRT-LLM's ``KVCacheEventSerializer``):
 ``{"event_id", "data": {"type": ...}, "window_size"[, "attention_dp_rank"]}`` where ``data`` is
@@ -10,7 +10,7 @@
 
 TensorRT-LLM also stores partially filled blocks (for partial reuse); a router keys blocks by
 full token blocks, so a partial block, and anything chained after it, is not announced, and
-its later removal is dropped too. Hashes are 64-bit values: sent as int64, 8 bytes big-endian.
+its later removal is dropped too. Hashes are 64-bit values: sent as int64 (``BlockHash.of``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openengine_gateway import pb
+from openengine_gateway.spi import BlockHash, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 
 _MEDIUMS = {0: pb.STORAGE_MEDIUM_GPU, 1: pb.STORAGE_MEDIUM_CPU_PINNED}
 _U64 = (1 << 64) - 1
-
-
-def int64_hash(value: int) -> pb.KvBlockHash:
-    """A block hash as a signed int64, two's complement, 8 bytes big-endian."""
-    unsigned = int(value) & _U64
-    signed = unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
-    return pb.KvBlockHash(value=signed.to_bytes(8, "big", signed=True), encoding="int64")
 
 
 class KvEventMapper:
@@ -43,7 +37,7 @@ class KvEventMapper:
         self._tokens_per_block = tokens_per_block
         self._partial: set[int] = set()
 
-    def batch(self, event: Mapping[str, Any], *, timestamp_ns: int) -> pb.KvEventBatch | None:
+    def batch(self, event: Mapping[str, Any], *, timestamp_ns: int) -> KvEventBatch | None:
         """The batch for one event, or None when it has nothing to announce."""
         data = event.get("data") or {}
         kind = data.get("type")
@@ -55,13 +49,13 @@ class KvEventMapper:
             mapped = None
         if mapped is None:
             return None
-        return pb.KvEventBatch(
-            timestamp_unix_nanos=timestamp_ns,
-            data_parallel_rank=int(event.get("attention_dp_rank") or 0),
+        return KvEventBatch(
             events=[mapped],
+            data_parallel_rank=int(event.get("attention_dp_rank") or 0),
+            timestamp_unix_nanos=timestamp_ns,
         )
 
-    def _stored(self, parent: int | None, blocks: Sequence[Mapping[str, Any]]) -> pb.KvEvent | None:
+    def _stored(self, parent: int | None, blocks: Sequence[Mapping[str, Any]]) -> KvEvent | None:
         full: list[Mapping[str, Any]] = []
         for position, block in enumerate(blocks):
             if self._tokens_per_block and len(block.get("tokens") or ()) != self._tokens_per_block:
@@ -71,28 +65,26 @@ class KvEventMapper:
         if not full:
             return None
         first = full[0]
-        stored = pb.BlockStored(
-            block_hashes=[int64_hash(block["block_hash"]) for block in full],
+        return BlockStored(
+            block_hashes=[BlockHash.of(int(block["block_hash"])) for block in full],
             token_ids=[int(token["token_id"]) for block in full for token in block.get("tokens") or ()],
+            parent_block_hash=None if parent is None else BlockHash.of(int(parent)),
             block_size=self._tokens_per_block or len(first.get("tokens") or ()),
             lora_id=int(first.get("lora_id") or 0),
             medium=_MEDIUMS.get(int(first.get("cache_level") or 0), pb.STORAGE_MEDIUM_UNSPECIFIED),
         )
-        if parent is not None:
-            stored.parent_block_hash.CopyFrom(int64_hash(parent))
-        return pb.KvEvent(block_stored=stored)
 
-    def _removed(self, hashes: Sequence[int]) -> pb.KvEvent | None:
+    def _removed(self, hashes: Sequence[int]) -> KvEvent | None:
         announced = []
         for value in hashes:
             key = int(value) & _U64
             if key in self._partial:
                 self._partial.discard(key)
             else:
-                announced.append(int64_hash(value))
+                announced.append(BlockHash.of(int(value)))
         if not announced:
             return None
-        return pb.KvEvent(block_removed=pb.BlockRemoved(block_hashes=announced))
+        return BlockRemoved(block_hashes=announced)
 
 
-__all__ = ["KvEventMapper", "int64_hash"]
+__all__ = ["KvEventMapper"]

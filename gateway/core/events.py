@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar
 
 from .. import pb
-from ..contract.kv_events import KvEventHub
-from ..contract.runtime_events import RuntimeEventHub
+from ..contract.kv_wire import kv_batch_to_proto
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, ResourceExhausted, Unavailable, Unimplemented
+from ..spi.kv_events import KvEventBatch
 from .background import BackgroundTasks
+from .kv_event_hub import KvEventHub
+from .runtime_event_hub import RuntimeEventHub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,13 +67,12 @@ class EventService:
                 pump = self._pump(engine.backend.runtime_events(), self._runtime_publisher(engine), what, "runtime")
                 self._pumps.append(self._background.spawn(pump, what))
 
-    def _kv_publisher(self, engine: Engine) -> Callable[[pb.KvEventBatch], None]:
-        """Publish an engine's batch under the endpoint's rank for it."""
+    def _kv_publisher(self, engine: Engine) -> Callable[[KvEventBatch], None]:
+        """Publish an engine's batch, as a message, under the endpoint's rank for it."""
         span = engine.ranks
 
-        def publish(batch: pb.KvEventBatch) -> None:
-            batch.data_parallel_rank = span.to_endpoint(batch.data_parallel_rank)
-            self.kv.publish(batch)
+        def publish(batch: KvEventBatch) -> None:
+            self.kv.publish(kv_batch_to_proto(batch, span.to_endpoint(batch.data_parallel_rank)))
 
         return publish
 

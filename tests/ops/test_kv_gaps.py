@@ -18,9 +18,9 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from openengine_backends.zmq_kv_events import subscribe
-from openengine_backends.zmq_kv_replay import END_SEQUENCE, repair_gaps
 from openengine_gateway import pb
+from openengine_gateway.spi import KvEventBatch
+from openengine_gateway.spi.zmq_kv import END_SEQUENCE, repair_gaps, subscribe
 from openengine_gateway.testing import serve_backends
 
 from tests.fakes import FakeBackend
@@ -92,13 +92,13 @@ async def publisher(**options: object) -> AsyncIterator[FakePublisher]:
         await fake.close()
 
 
-def batches(fake: FakePublisher, *, timeout_s: float = 2.0) -> AsyncIterator[pb.KvEventBatch]:
+def batches(fake: FakePublisher, *, timeout_s: float = 2.0) -> AsyncIterator[KvEventBatch]:
     replay = {0: fake.replay_endpoint} if fake.replay_endpoint else {}
     return repair_gaps(subscribe({0: (fake.endpoint, TOPIC.decode())}), replay, timeout_s=timeout_s)
 
 
 @contextlib.asynccontextmanager
-async def joined(source: AsyncIterator[pb.KvEventBatch]) -> AsyncIterator[asyncio.Queue[int]]:
+async def joined(source: AsyncIterator[KvEventBatch]) -> AsyncIterator[asyncio.Queue[int]]:
     """``source``'s sequence numbers as they come, once its SUB socket has joined."""
     numbers: asyncio.Queue[int] = asyncio.Queue()
 
@@ -157,7 +157,7 @@ class ZmqBridgedBackend(FakeBackend):
         super().__init__(publishes_kv_events=True)
         self._fake = fake
 
-    def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:  # type: ignore[override]
+    def kv_events(self) -> AsyncIterator[KvEventBatch]:  # type: ignore[override]
         return batches(self._fake)
 
 

@@ -26,6 +26,7 @@ from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.auth import TokenAuth
 from openengine_gateway.server.tls import TlsFiles
+from openengine_gateway.spi import KvEventBatch
 from openengine_gateway.testing import RunningGateway, serve_backends
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -261,7 +262,7 @@ async def test_a_slow_kv_subscriber_is_dropped_and_counted() -> None:
         await wait_until(lambda: hub.subscriber_count == 1, what="a KV subscriber")
         assert (await scrape(port))(f"{P}_event_subscribers", stream="kv") == 1
         for _ in range(20):  # published in one loop turn: faster than any subscriber drains
-            backend.kv_queue.put_nowait(pb.KvEventBatch())
+            backend.kv_queue.put_nowait(KvEventBatch())
         await wait_until(lambda: hub.dropped_subscribers == 1, what="the slow subscriber dropped")
         received = [response async for response in slow]
         assert received[-1].HasField("error") and received[-1].error.retryable
@@ -269,7 +270,7 @@ async def test_a_slow_kv_subscriber_is_dropped_and_counted() -> None:
         gapped = stub.SubscribeKvEvents(pb.SubscribeKvEventsRequest())
         await wait_until(lambda: hub.subscriber_count == 1, what="a second KV subscriber")
         for sequence in (1, 2, 5):  # the engine's publisher lost batches 3 and 4
-            backend.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=sequence))
+            backend.kv_queue.put_nowait(KvEventBatch(sequence_number=sequence))
         assert [r async for r in gapped][-1].HasField("error")
         page = await scrape(port)
     assert page(f"{P}_event_subscribers_dropped_total", stream="kv") == 1

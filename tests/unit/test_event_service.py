@@ -11,6 +11,7 @@ from openengine_gateway import pb
 from openengine_gateway.core.background import BackgroundTasks
 from openengine_gateway.core.events import EventService
 from openengine_gateway.errors import InvalidArgument, ResourceExhausted, Unavailable, Unimplemented
+from openengine_gateway.spi import KvEventBatch
 
 from tests.fakes import FakeBackend, engine_set
 
@@ -37,15 +38,15 @@ async def test_several_engines_publish_on_their_own_ranks() -> None:
     runtime = events.subscribe_runtime(pb.SubscribeRuntimeEventsRequest())
     waiters = asyncio.ensure_future(anext(kv)), asyncio.ensure_future(anext(runtime))
     await asyncio.sleep(0)
-    first.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=7, data_parallel_rank=1))
-    second.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=7, data_parallel_rank=0))
+    first.kv_queue.put_nowait(KvEventBatch(sequence_number=7, data_parallel_rank=1))
+    second.kv_queue.put_nowait(KvEventBatch(sequence_number=7, data_parallel_rank=0))
     second.runtime_queue.put_nowait(pb.RuntimeEvent(type=pb.RUNTIME_EVENT_TYPE_BATCH, attributes={"model": "x"}))
     batches = [(await asyncio.wait_for(waiters[0], 1)).batch, *(r.batch for r in await take(kv, 1))]
     # both engines numbered their batch 7; on distinct endpoint ranks both numbers stay as sent
     assert [(b.data_parallel_rank, b.sequence_number) for b in batches] == [(1, 7), (2, 7)]
     event = (await asyncio.wait_for(waiters[1], 1)).runtime_event
     assert event.attributes["model"] == "b"  # the gateway attributes the engine
-    second.kv_queue.put_nowait(pb.KvEventBatch(data_parallel_rank=1))  # a rank "b" never advertised
+    second.kv_queue.put_nowait(KvEventBatch(data_parallel_rank=1))  # a rank "b" never advertised
     (error,) = await take(kv, 1)
     assert error.error.code == pb.ERROR_CODE_INTERNAL and "advertises ranks 0..0" in error.error.message
     background.cancel_all()
@@ -68,8 +69,8 @@ async def test_kv_events_flow_from_the_engine_to_subscribers() -> None:
     waiter = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0)
     assert events.kv.subscriber_count == 1
-    backend.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=0))
-    backend.kv_queue.put_nowait(pb.KvEventBatch(sequence_number=0))
+    backend.kv_queue.put_nowait(KvEventBatch(sequence_number=0))
+    backend.kv_queue.put_nowait(KvEventBatch(sequence_number=0))
     first = await asyncio.wait_for(waiter, 1)
     (second,) = await take(stream, 1)
     assert [first.batch.sequence_number, second.batch.sequence_number] == [1, 2]

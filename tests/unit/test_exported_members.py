@@ -14,20 +14,29 @@ MODULES = [
     "openengine_gateway.launch",
     "openengine_gateway.plugins",
     "openengine_gateway.spi",
+    "openengine_gateway.spi.adapters",
     "openengine_gateway.spi.backend",
+    "openengine_gateway.spi.background",
     "openengine_gateway.spi.events",
+    "openengine_gateway.spi.kv_events",
     "openengine_gateway.spi.requests",
+    "openengine_gateway.spi.sessions",
     "openengine_gateway.spi.streaming",
+    "openengine_gateway.spi.zmq_kv",
+    "openengine_gateway.spi.zmq_kv.events",
+    "openengine_gateway.spi.zmq_kv.replay",
+    "openengine_gateway.spi.zmq_kv.sources",
     "openengine_gateway.contract.capabilities",
-    "openengine_gateway.contract.fanout",
     "openengine_gateway.contract.generation",
-    "openengine_gateway.contract.kv_events",
+    "openengine_gateway.contract.kv_wire",
     "openengine_gateway.contract.lora",
     "openengine_gateway.contract.ranks",
-    "openengine_gateway.contract.registry",
-    "openengine_gateway.contract.runtime_events",
     "openengine_gateway.contract.stream",
     "openengine_gateway.contract.tasks",
+    "openengine_gateway.core.fanout",
+    "openengine_gateway.core.kv_event_hub",
+    "openengine_gateway.core.registry",
+    "openengine_gateway.core.runtime_event_hub",
     "openengine_gateway.testing",
     "openengine_gateway.bench",
     "openengine_gateway.bench.arrivals",
@@ -64,6 +73,6 @@ def test_all_names_exist_and_public_definitions_are_listed(name: str) -> None:
 def test_spi_exports_what_a_driver_needs() -> None:
     """The SPI package re-exports every public name of its modules (a plugin imports only it)."""
     spi = importlib.import_module("openengine_gateway.spi")
-    for part in ("backend", "events", "requests", "streaming"):
+    for part in ("adapters", "backend", "background", "events", "kv_events", "requests", "sessions", "streaming"):
         module = importlib.import_module(f"openengine_gateway.spi.{part}")
         assert set(module.__all__) <= set(spi.__all__), part

@@ -11,6 +11,7 @@ from openengine_backends.mock import MockBackend, MockSettings
 from openengine_backends.mock.capabilities import model_info
 from openengine_gateway import __version__, pb
 from openengine_gateway.contract.capabilities import check_model_info
+from openengine_gateway.contract.kv_wire import kv_event_to_proto
 from openengine_gateway.errors import EngineFailure, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from openengine_gateway.spi import LoraAdapter, Sampling, Stopping
 
@@ -126,7 +127,7 @@ async def test_fail_ends_every_request_and_restart_recovers() -> None:
         assert result.usage is not None and result.usage.cached_prompt_tokens == 0
         kinds = []
         while not kinds or kinds[-1] != "all_blocks_cleared":
-            kinds.extend(e.WhichOneof("event") for e in (await anext(events)).events)
+            kinds.extend(kv_event_to_proto(e).WhichOneof("event") for e in (await anext(events)).events)
 
 
 async def test_a_crashed_scheduler_loop_is_reported() -> None:

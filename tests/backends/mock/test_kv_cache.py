@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import hashlib
 
-from openengine_backends.mock.kv_cache import BlockManager, BlockTable, CacheKey, block_hash, hash_proto
+from openengine_backends.mock.kv_cache import BlockManager, BlockTable, CacheKey, block_hash
 from openengine_gateway import pb
+from openengine_gateway.contract.kv_wire import kv_event_to_proto
+from openengine_gateway.spi import BlockHash
 
 KEY = CacheKey()
+
+
+def taken(manager: BlockManager) -> list[pb.KvEvent]:
+    """The events the manager recorded, as the gateway sends them."""
+    return [kv_event_to_proto(event) for event in manager.take_events()]
 
 
 def filled(manager: BlockManager, tokens: list[int], key: CacheKey = KEY, request_id: str = "r") -> BlockTable:
@@ -27,9 +34,9 @@ def test_chained_hashes_are_stored_with_one_event() -> None:
     first = block_hash(KEY.root, tokens[:4])
     second = block_hash(first, tokens[4:8])
     assert table.hashes == [first, second]
-    (event,) = manager.take_events()
+    (event,) = taken(manager)
     stored = event.block_stored
-    assert [h.value for h in stored.block_hashes] == [hash_proto(first).value, hash_proto(second).value]
+    assert [h.value for h in stored.block_hashes] == [BlockHash.of(first).value, BlockHash.of(second).value]
     assert stored.block_hashes[0].encoding == "int64" and len(stored.block_hashes[0].value) == 8
     assert not stored.HasField("parent_block_hash")
     assert list(stored.token_ids) == tokens[:8]
@@ -67,12 +74,12 @@ def test_eviction_is_lru_tail_first_and_recorded() -> None:
     old = filled(manager, [1, 2, 3, 4, 5, 6], request_id="old")
     hashes = list(old.hashes)
     manager.release(old)
-    manager.take_events()
+    taken(manager)
     assert not manager.grow(BlockTable(), 8)  # more than exists: nothing is taken
     table = BlockTable()
     assert manager.grow(table, 2)
-    (removed,) = manager.take_events()
-    assert [h.value for h in removed.block_removed.block_hashes] == [hash_proto(hashes[2]).value]
+    (removed,) = taken(manager)
+    assert [h.value for h in removed.block_removed.block_hashes] == [BlockHash.of(hashes[2]).value]
     assert removed.block_removed.medium == pb.STORAGE_MEDIUM_GPU
     assert len(manager.lookup([1, 2, 3, 4, 5, 6], KEY, 6)) == 2
 
@@ -80,11 +87,11 @@ def test_eviction_is_lru_tail_first_and_recorded() -> None:
 def test_duplicate_blocks_are_not_cached_twice() -> None:
     manager = BlockManager(8, 2)
     filled(manager, [1, 2])
-    manager.take_events()
+    taken(manager)
     twin = BlockTable()
     manager.grow(twin, 2)
     manager.commit(twin, [1, 2], 2, KEY, "twin")
-    assert manager.take_events() == [] and manager.cached == 1
+    assert taken(manager) == [] and manager.cached == 1
     assert twin.blocks[0].block_hash is None
 
 
@@ -93,15 +100,15 @@ def test_drop_lora_and_clear() -> None:
     adapter = CacheKey(lora_id=5, lora_name="five")
     manager.release(filled(manager, [1, 2, 3, 4], key=adapter))
     kept = filled(manager, [1, 2])
-    events = manager.take_events()
+    events = taken(manager)
     assert events[0].block_stored.lora_id == 5 and events[0].block_stored.lora_name == "five"
     manager.drop_lora(5)
-    (removed,) = manager.take_events()
+    (removed,) = taken(manager)
     assert len(removed.block_removed.block_hashes) == 2
     assert manager.lookup([1, 2, 3, 4], adapter, 4) == [] and manager.cached == 1
     manager.release(kept)
     manager.clear()
-    assert manager.take_events()[-1].WhichOneof("event") == "all_blocks_cleared"
+    assert taken(manager)[-1].WhichOneof("event") == "all_blocks_cleared"
     assert (manager.cached, manager.free) == (0, 8)
 
 
@@ -118,13 +125,13 @@ def test_without_events_the_cache_works_the_same_and_records_nothing() -> None:
     for manager in (quiet, loud):
         for start in (0, 100, 200):  # the third sequence evicts the first one's blocks
             manager.release(filled(manager, list(range(start, start + 8))))
-    assert quiet.take_events() == []
-    kinds = [e.WhichOneof("event") for e in loud.take_events()]
+    assert taken(quiet) == []
+    kinds = [e.WhichOneof("event") for e in taken(loud)]
     assert kinds == ["block_stored", "block_stored", "block_removed", "block_stored"]
     assert (quiet.cached, quiet.free) == (loud.cached, loud.free) == (4, 4)
     assert [len(quiet.lookup(list(range(s, s + 8)), KEY, 8)) for s in (0, 100, 200)] == [0, 2, 2]
     quiet.clear()
-    assert quiet.take_events() == [] and quiet.cached == 0
+    assert taken(quiet) == [] and quiet.cached == 0
 
 
 def test_another_adapter_reusing_an_id_never_meets_its_blocks() -> None:

@@ -1,4 +1,4 @@
-"""Every module of the SGLang driver, and the shared KV-event modules, keep ``__all__`` honest."""
+"""Every module of the SGLang driver keeps ``__all__`` honest."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ MODULES = [
         f"openengine_backends.sglang.{m}"
         for m in ("capabilities", "engine", "mapping", "outputs", "server_args", "sessions", "settings", "tasks")
     ),
-    "openengine_backends.zmq_kv_events",
 ]
 
 

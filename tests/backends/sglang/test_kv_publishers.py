@@ -9,21 +9,27 @@ from typing import Any
 import pytest
 from openengine_backends.sglang import kv_publishers
 from openengine_gateway import pb
+from openengine_gateway.contract.kv_wire import kv_source_to_proto
 from openengine_gateway.errors import ConfigurationError
 
 from .test_capabilities import server
+
+
+def advertised(args: dict[str, Any]) -> list[pb.KvEventSource]:
+    """The driver's publishers as ``GetKvEventSources`` sends them."""
+    return [kv_source_to_proto(source) for source in kv_publishers.kv_event_sources(args)]
 
 
 def test_kv_event_sources_per_dp_rank() -> None:
     config = {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", "topic": "kv"}
     args = server(kv_events_config=json.dumps(config), dp_size=2)
     assert kv_publishers.kv_event_publishers(args) == {0: ("tcp://*:5557", "kv"), 1: ("tcp://*:5558", "kv")}
-    first, second = kv_publishers.kv_event_sources(args)
+    first, second = advertised(args)
     assert first.endpoint_addr == pb.KvEndpoint(host="*", port=5557, protocol="tcp")
     assert (second.data_parallel_rank, second.replay_endpoint) == (1, "tcp://*:5601")
     assert (first.encoding, first.hwm, first.buffer_steps, first.topic) == ("msgpack", 100_000, 10_000, "kv")
     connecting = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "tcp://collector:5557"}))
-    assert kv_publishers.kv_event_sources(connecting) == [], "a publisher that connects out has nothing to subscribe"
+    assert advertised(connecting) == [], "a publisher that connects out has nothing to subscribe"
     assert kv_publishers.kv_event_publishers(server()) == {}
 
 
@@ -60,9 +66,9 @@ def test_publishers_are_found_where_sglang_binds_them(
 
 def test_sources_name_a_bracketless_ipv6_host_and_skip_ipc() -> None:
     ipv6 = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "tcp://[::1]:5557"}))
-    assert kv_publishers.kv_event_sources(ipv6)[0].endpoint_addr == pb.KvEndpoint(host="::1", port=5557, protocol="tcp")
+    assert advertised(ipv6)[0].endpoint_addr == pb.KvEndpoint(host="::1", port=5557, protocol="tcp")
     ipc = server(kv_events_config=json.dumps({"publisher": "zmq", "endpoint": "ipc:///run/kv.sock"}))
-    assert kv_publishers.kv_event_sources(ipc) == [], "an ipc socket has no host:port to advertise"
+    assert advertised(ipc) == [], "an ipc socket has no host:port to advertise"
 
 
 def test_rank_endpoints_as_sglang_offsets_them() -> None:

@@ -1,4 +1,4 @@
-"""KV events made by SGLang's own code, decoded by the driver's decoder (``backends/zmq_kv_events.py``).
+"""KV events made by SGLang's own code, decoded by the driver's decoder (``openengine_gateway.spi.zmq_kv``).
 
 The events come from SGLang's radix cache (``mem_cache/radix_cache.py``, built without memory
 pools by ``RadixCache.create_simulated``) through its recorder (``mem_cache/events.py``), are
@@ -23,8 +23,10 @@ import msgspec
 import pytest
 from openengine_backends.sglang import capabilities, kv_publishers
 from openengine_backends.sglang.server_args import server_kwargs
-from openengine_backends.zmq_kv_events import decode_batch, subscribe
 from openengine_gateway import pb
+from openengine_gateway.contract.kv_wire import kv_batch_to_proto, kv_source_to_proto
+from openengine_gateway.spi import KvEventBatch
+from openengine_gateway.spi.zmq_kv import decode_batch, subscribe
 
 PAGE = 4
 
@@ -72,6 +74,11 @@ def encoded(events: list[Any]) -> bytes:
     return msgspec.msgpack.Encoder().encode(batch(events))
 
 
+def decode(payload: bytes, sequence: int) -> pb.KvEventBatch:
+    """The driver's decoded batch as the gateway sends it."""
+    return kv_batch_to_proto(decode_batch(payload, sequence))
+
+
 def int64(value: int) -> pb.KvBlockHash:
     return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=True), encoding="int64")
 
@@ -95,7 +102,7 @@ def test_a_prefix_and_its_extension_chain_their_pages() -> None:
     (first,) = cache.take_events()
     insert(cache, range(16))
     (second,) = cache.take_events()
-    decoded = decode_batch(encoded([first, second]), 0)
+    decoded = decode(encoded([first, second]), 0)
     assert decoded.sequence_number == 1, "the engine's first batch is number 0"
     assert decoded.timestamp_unix_nanos == 1_700_000_000_500_000_000
     assert [len(e.block_stored.block_hashes) for e in decoded.events] == [2, 2]
@@ -110,7 +117,7 @@ def test_pages_stored_in_one_step_come_as_one_chained_event() -> None:
     insert(cache, range(8))
     insert(cache, range(16))
     (stored,) = cache.take_events()
-    decoded = decode_batch(encoded([stored]), 0)
+    decoded = decode(encoded([stored]), 0)
     assert len(decoded.events[0].block_stored.block_hashes) == 4
     assert_stored(decoded.events[0], stored)
 
@@ -122,7 +129,7 @@ def test_eviction_removes_the_stored_hashes_and_a_reset_clears_all() -> None:
     evict_all(cache)
     cache.reset()
     removed, cleared = cache.take_events()
-    decoded = decode_batch(encoded([stored, removed, cleared]), 41)
+    decoded = decode(encoded([stored, removed, cleared]), 41)
     assert decoded.sequence_number == 42
     kinds = [event.WhichOneof("event") for event in decoded.events]
     assert kinds == ["block_stored", "block_removed", "all_blocks_cleared"]
@@ -138,7 +145,7 @@ def test_host_tier_events_carry_their_medium() -> None:
         medium=StorageMedium.CPU,
     )  # fmt: skip
     removed = BlockRemoved(block_hashes=[7], medium=StorageMedium.EXTERNAL)
-    decoded = decode_batch(encoded([stored, removed]), 0)
+    decoded = decode(encoded([stored, removed]), 0)
     assert decoded.events[0].block_stored.medium == pb.STORAGE_MEDIUM_CPU_PINNED
     assert decoded.events[1].block_removed.medium == pb.STORAGE_MEDIUM_EXTERNAL
 
@@ -150,7 +157,7 @@ def test_eagle_bigram_pages_decode_to_their_tokens() -> None:
     insert(cache, range(20, 29))  # eight bigrams: two pages
     (stored,) = cache.take_events()
     assert stored.token_ids[0] == (20, 21)
-    decoded = decode_batch(encoded([stored]), 0)
+    decoded = decode(encoded([stored]), 0)
     assert list(decoded.events[0].block_stored.token_ids) == list(range(20, 28))
 
 
@@ -164,7 +171,7 @@ def test_a_salted_prefix_publishes_other_hashes_than_the_same_tokens_unsalted(dy
     insert(cache, range(8))
     insert(cache, range(8), salt="tenant-a")
     insert(cache, range(8), salt="tenant-b")
-    plain, salted_a, salted_b = (decode_batch(encoded([e]), 0).events[0] for e in cache.take_events())
+    plain, salted_a, salted_b = (decode(encoded([e]), 0).events[0] for e in cache.take_events())
     hashes = [tuple(h.value for h in e.block_stored.block_hashes) for e in (plain, salted_a, salted_b)]
     assert len(set(hashes)) == 3
 
@@ -185,12 +192,12 @@ def _free_port_pair() -> int:
 
 
 async def _receive(
-    stream: AsyncIterator[pb.KvEventBatch], publishers: dict[int, Any], wanted: dict[int, list[list[Any]]]
+    stream: AsyncIterator[KvEventBatch], publishers: dict[int, Any], wanted: dict[int, list[list[Any]]]
 ) -> dict[int, list[pb.KvEventBatch]]:
     """Probe every publisher until its subscription is live (ZMQ drops what a PUB sends before),
     then publish ``wanted`` per rank and return what arrived with events in it."""
     live: set[int] = set()
-    pending: asyncio.Future[pb.KvEventBatch] | None = None
+    pending: asyncio.Future[KvEventBatch] | None = None
     deadline = time.monotonic() + 20
     while live != set(publishers):
         assert time.monotonic() < deadline, f"ranks {set(publishers) - live} never reached the subscriber"
@@ -210,7 +217,7 @@ async def _receive(
         assert pending is not None
         decoded = await asyncio.wait_for(pending, timeout=20)
         if decoded.events:
-            received[decoded.data_parallel_rank].append(decoded)
+            received[decoded.data_parallel_rank].append(kv_batch_to_proto(decoded))
         pending = asyncio.ensure_future(stream.__anext__())
     if pending is not None:
         pending.cancel()
@@ -349,7 +356,7 @@ def test_the_sources_the_driver_advertises_are_the_ones_sglang_describes(
     server = dict(args.resolved_dict())
     described = describe_kv_events_publisher(args)
     assert described is not None
-    sources = kv_publishers.kv_event_sources(server)
+    sources = [kv_source_to_proto(source) for source in kv_publishers.kv_event_sources(server)]
     assert len(sources) == described["dp_size"]
     for rank, source in enumerate(sources):
         assert source.data_parallel_rank == rank
@@ -365,7 +372,7 @@ def test_a_salted_blocks_salt_reaches_subscribers_as_its_extra_key() -> None:
     cache = radix_cache()
     insert(cache, range(8), salt="tenant-a")
     insert(cache, range(100, 108))
-    salted, plain = (decode_batch(encoded([e]), 0).events[0].block_stored for e in cache.take_events())
+    salted, plain = (decode(encoded([e]), 0).events[0].block_stored for e in cache.take_events())
     assert (
         [list(keys.values) for keys in salted.extra_keys]
         == [["tenant-a"]] * len(salted.block_hashes)

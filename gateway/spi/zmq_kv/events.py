@@ -1,7 +1,7 @@
-"""Engine-native ZMQ KV-event streams → ``pb.KvEventBatch``: a SUB socket and a msgpack decoder.
+"""Engine-native ZMQ KV-event streams → ``KvEventBatch`` values: a SUB socket and a msgpack decoder.
 
 vLLM's and SGLang's ``ZmqEventPublisher`` (one per data-parallel rank) publish the same wire
-format, so both drivers decode with this module: three frames per batch, the topic, an 8-byte
+format, so every driver of such an engine decodes with this module: three frames per batch, the topic, an 8-byte
 big-endian sequence number (from 0) and a msgpack batch encoded array-like as ``[ts, events,
 rank]`` (vLLM's ``data_parallel_rank``, SGLang's ``attn_dp_rank``). Events are tagged structs,
 encoded two ways: as maps carrying the tag under ``"type"`` (current vLLM and SGLang releases)
@@ -33,7 +33,9 @@ from typing import Any
 import msgpack
 import zmq
 import zmq.asyncio
-from openengine_gateway import pb
+
+from ... import pb
+from ..kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 
 _MEDIUMS = {  # vLLM's names, then SGLang's ``StorageMedium`` values
     "GPU": pb.STORAGE_MEDIUM_GPU,
@@ -60,13 +62,6 @@ _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 _FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllBlocksCleared": ()}
 
 
-def block_hash(value: bytes | int) -> pb.KvBlockHash:
-    """A block hash: sha256 bytes as they are, an int as 8 big-endian bytes (``int64``)."""
-    if isinstance(value, bytes):
-        return pb.KvBlockHash(value=value, encoding="bytes")
-    return pb.KvBlockHash(value=value.to_bytes(8, "big", signed=value < 0), encoding="int64")
-
-
 def _fields(event: Any) -> tuple[str, dict[str, Any]]:
     """An event's tag and fields, from either encoding."""
     if isinstance(event, Mapping):
@@ -86,8 +81,12 @@ def _token_ids(values: Sequence[Any]) -> Sequence[Any]:
     return values
 
 
-def _salt_keys(fields: Mapping[str, Any]) -> list[list[str]]:
-    """SGLang's ``cache_salt`` as every block's extra key (none without a salt)."""
+def _extra_keys(fields: Mapping[str, Any]) -> Sequence[Any]:
+    """A stored event's keys per block: vLLM's ``extra_keys``, else SGLang's ``cache_salt`` as
+    every block's one key (none without a salt)."""
+    keys: Sequence[Any] = fields.get("extra_keys") or ()
+    if keys:
+        return keys
     salt = fields.get("cache_salt")
     return [[salt]] * len(fields["block_hashes"]) if salt else []
 
@@ -102,41 +101,37 @@ def _key_text(key: Any) -> str:
     return json.dumps(key, separators=(",", ":"), default=lambda value: value.hex())
 
 
-def decode_event(event: Any) -> pb.KvEvent:
-    """One ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as an OpenEngine ``KvEvent``."""
+def decode_event(event: Any) -> KvEvent:
+    """One ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` as the SPI's event."""
     tag, fields = _fields(event)
     medium = _MEDIUMS.get(str(fields.get("medium") or "").upper(), pb.STORAGE_MEDIUM_UNSPECIFIED)
     if tag == "BlockStored":
-        stored = pb.BlockStored(
-            block_hashes=[block_hash(h) for h in fields["block_hashes"]],
+        parent = fields.get("parent_block_hash")
+        return BlockStored(
+            block_hashes=[BlockHash.of(h) for h in fields["block_hashes"]],
             token_ids=_token_ids(fields.get("token_ids") or ()),
+            parent_block_hash=None if parent is None else BlockHash.of(parent),
             block_size=fields.get("block_size") or 0,
             lora_id=fields.get("lora_id") or 0,
             lora_name=fields.get("lora_name") or "",
             medium=medium,
+            extra_keys=[[_key_text(key) for key in keys or ()] for keys in _extra_keys(fields)],
             group_idx=fields.get("group_idx") or 0,
             kv_cache_spec_kind=fields.get("kv_cache_spec_kind") or "",
             kv_cache_spec_sliding_window=fields.get("kv_cache_spec_sliding_window") or 0,
         )
-        parent = fields.get("parent_block_hash")
-        if parent is not None:
-            stored.parent_block_hash.CopyFrom(block_hash(parent))
-        for keys in fields.get("extra_keys") or _salt_keys(fields):
-            stored.extra_keys.add(values=[_key_text(key) for key in keys or ()])
-        return pb.KvEvent(block_stored=stored)
     if tag == "BlockRemoved":
-        removed = pb.BlockRemoved(
-            block_hashes=[block_hash(h) for h in fields["block_hashes"]],
+        return BlockRemoved(
+            block_hashes=[BlockHash.of(h) for h in fields["block_hashes"]],
             medium=medium,
             group_idx=fields.get("group_idx") or 0,
         )
-        return pb.KvEvent(block_removed=removed)
     if tag == "AllBlocksCleared":
-        return pb.KvEvent(all_blocks_cleared=pb.AllBlocksCleared())
+        return AllBlocksCleared()
     raise ValueError(f"unknown KV event type {tag!r}")
 
 
-def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.KvEventBatch:
+def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> KvEventBatch:
     """One published batch (``[ts, events, rank]``, or a map of those names)."""
     raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     if isinstance(raw, Mapping):
@@ -144,11 +139,11 @@ def decode_batch(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.
     else:
         ts, events = raw[0], raw[1]
         rank = raw[2] if len(raw) > 2 else None
-    return pb.KvEventBatch(
+    return KvEventBatch(
+        events=[decode_event(event) for event in events],
+        data_parallel_rank=default_rank if rank is None else int(rank),
         sequence_number=sequence + 1,
         timestamp_unix_nanos=int(float(ts) * 1e9),
-        data_parallel_rank=default_rank if rank is None else int(rank),
-        events=[decode_event(event) for event in events],
     )
 
 
@@ -163,7 +158,7 @@ def connect_address(endpoint: str) -> str:
     return endpoint
 
 
-async def subscribe(sources: Mapping[int, tuple[str, str]]) -> AsyncIterator[pb.KvEventBatch]:
+async def subscribe(sources: Mapping[int, tuple[str, str]]) -> AsyncIterator[KvEventBatch]:
     """Decoded batches from every rank's publisher (``rank -> (endpoint, topic)``), as they come."""
     context = zmq.asyncio.Context.instance()
     socket = context.socket(zmq.SUB)
@@ -183,4 +178,4 @@ async def subscribe(sources: Mapping[int, tuple[str, str]]) -> AsyncIterator[pb.
         socket.close(linger=0)
 
 
-__all__ = ["block_hash", "connect_address", "decode_batch", "decode_event", "subscribe"]
+__all__ = ["connect_address", "decode_batch", "decode_event", "subscribe"]

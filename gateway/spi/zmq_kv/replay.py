@@ -1,7 +1,7 @@
 """Gap repair for engine-native ZMQ KV-event streams, from the publisher's replay socket.
 
 A ZMQ SUB socket drops messages silently (a slow joiner, a full high-water mark), so a
-stream of decoded batches (``zmq_kv_events.subscribe``) can skip sequence numbers. vLLM's
+stream of decoded batches (``zmq_kv.subscribe``) can skip sequence numbers. vLLM's
 and SGLang's ``ZmqEventPublisher`` keep their last ``buffer_steps`` batches behind a ROUTER
 socket (``replay_endpoint``): send an empty frame and an 8-byte big-endian start sequence,
 receive ``["", topic, seq, payload]`` per buffered batch from there on, then the end marker
@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Mapping
 
 import zmq
 import zmq.asyncio
-from openengine_gateway import pb
 
-from .zmq_kv_events import connect_address, decode_batch
+from ..kv_events import KvEventBatch
+from .events import connect_address, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ END_SEQUENCE = (-1).to_bytes(8, "big", signed=True)
 
 
 async def repair_gaps(
-    source: AsyncIterator[pb.KvEventBatch], replay_endpoints: Mapping[int, str], *, timeout_s: float = 2.0
-) -> AsyncIterator[pb.KvEventBatch]:
+    source: AsyncIterator[KvEventBatch], replay_endpoints: Mapping[int, str], *, timeout_s: float = 2.0
+) -> AsyncIterator[KvEventBatch]:
     """``source`` with each rank's skipped batches fetched from its replay endpoint, in order."""
     last: dict[int, int] = {}
     replayed: dict[int, tuple[int, int]] = {}  # rank -> (after, through): live duplicates of a replay
@@ -61,10 +61,10 @@ async def repair_gaps(
         yield batch
 
 
-async def fetch_replay(endpoint: str, start: int, rank: int, *, timeout_s: float) -> list[pb.KvEventBatch]:
+async def fetch_replay(endpoint: str, start: int, rank: int, *, timeout_s: float) -> list[KvEventBatch]:
     """The batches a publisher still holds from engine sequence ``start`` on (possibly none)."""
     socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    batches: list[pb.KvEventBatch] = []
+    batches: list[KvEventBatch] = []
     try:
         socket.connect(connect_address(endpoint))
         await socket.send_multipart((b"", start.to_bytes(8, "big")))

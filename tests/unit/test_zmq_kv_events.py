@@ -1,4 +1,6 @@
-"""vLLM's and SGLang's ZMQ/msgpack KV event batches → ``KvEventBatch``, in every event encoding."""
+"""vLLM's and SGLang's ZMQ/msgpack KV event batches → ``KvEventBatch``, in every event encoding.
+
+Decoded batches are compared in the wire form the gateway sends them in (``contract.kv_wire``)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from openengine_backends.zmq_kv_events import block_hash, connect_address, decode_batch, subscribe
 from openengine_gateway import pb
+from openengine_gateway.contract.kv_wire import kv_batch_to_proto
+from openengine_gateway.spi import BlockHash, KvEventBatch
+from openengine_gateway.spi.zmq_kv import connect_address, decode_batch, subscribe
 
 H1, H2 = b"\x01" * 32, b"\x02" * 32
 STORED_FIELDS = {
@@ -25,6 +29,17 @@ STORED_FIELDS = {
     "group_idx": 1,
     "kv_cache_spec_kind": "full_attention",
 }
+
+
+def decode(payload: bytes, sequence: int, *, default_rank: int = 0) -> pb.KvEventBatch:
+    """``decode_batch``'s batch as the gateway sends it."""
+    return kv_batch_to_proto(decode_batch(payload, sequence, default_rank=default_rank))
+
+
+def block_hash(value: bytes | int) -> pb.KvBlockHash:
+    """A block hash as the gateway sends it."""
+    spi_hash = BlockHash.of(value)
+    return pb.KvBlockHash(value=spi_hash.value, encoding=spi_hash.encoding)
 
 
 def map_form() -> bytes:
@@ -45,7 +60,7 @@ def array_form() -> bytes:
 
 @pytest.mark.parametrize("payload", [map_form(), array_form()], ids=["map", "array"])
 def test_both_encodings_decode_alike(payload: bytes) -> None:
-    batch = decode_batch(payload, 0)
+    batch = decode(payload, 0)
     assert batch.sequence_number == 1, "vLLM numbers from 0; zero would ask the gateway to renumber"
     assert batch.timestamp_unix_nanos == 1_500_000_000 and batch.data_parallel_rank == 2
     stored, removed, cleared = batch.events
@@ -81,7 +96,7 @@ def test_sglang_batches_decode_with_their_mediums_and_extra_fields() -> None:
         "lora_name": "ad",
     }
     removed = {"type": "BlockRemoved", "block_hashes": [9], "medium": "EXTERNAL"}
-    batch = decode_batch(msgpack.packb([2.0, [stored, removed], 1]), 0)
+    batch = decode(msgpack.packb([2.0, [stored, removed], 1]), 0)
     first, second = batch.events
     assert batch.data_parallel_rank == 1
     assert first.block_stored == pb.BlockStored(
@@ -108,7 +123,7 @@ def test_extra_keys_stay_readable_and_mediums_match_whatever_their_case() -> Non
         "medium": "cpu",
         "extra_keys": [["adapter", ["img-hash", 3], digest]],
     }
-    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    (event,) = decode(msgpack.packb([0.0, [stored], 0]), 0).events
     assert list(event.block_stored.extra_keys[0].values) == ["adapter", '["img-hash",3]', digest.hex()]
     assert event.block_stored.medium == pb.STORAGE_MEDIUM_CPU_PINNED
 
@@ -117,14 +132,14 @@ def test_an_eagle_engine_s_bigram_tokens_decode_as_its_tokens() -> None:
     """SGLang keys an EAGLE engine's radix cache by bigrams; its events carry each position as the
     pair (token, next token) (``mem_cache/events.py``)."""
     stored = {"type": "BlockStored", "block_hashes": [5], "token_ids": [[1, 15043], [15043, 29892]], "block_size": 2}
-    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    (event,) = decode(msgpack.packb([0.0, [stored], 0]), 0).events
     assert list(event.block_stored.token_ids) == [1, 15043]
 
 
 def test_int_hashes_and_a_missing_rank() -> None:
     assert block_hash(2**63 + 1) == pb.KvBlockHash(value=(2**63 + 1).to_bytes(8, "big"), encoding="int64")
     assert block_hash(-2).value == (-2).to_bytes(8, "big", signed=True)
-    batch = decode_batch(msgpack.packb([0.0, [{"type": "AllBlocksCleared"}]]), 41, default_rank=3)
+    batch = decode(msgpack.packb([0.0, [{"type": "AllBlocksCleared"}]]), 41, default_rank=3)
     assert batch.sequence_number == 42 and batch.data_parallel_rank == 3
 
 
@@ -135,7 +150,7 @@ def test_unknown_events_are_errors() -> None:
 
 def test_an_unsalted_sglang_event_has_no_extra_keys() -> None:
     stored = {"type": "BlockStored", "block_hashes": [5], "token_ids": [1, 2], "block_size": 2, "cache_salt": None}
-    (event,) = decode_batch(msgpack.packb([0.0, [stored], 0]), 0).events
+    (event,) = decode(msgpack.packb([0.0, [stored], 0]), 0).events
     assert not event.block_stored.extra_keys
 
 
@@ -147,7 +162,7 @@ def test_wildcard_endpoints_are_reached_on_loopback() -> None:
     assert connect_address("ipc:///run/kv.sock") == "ipc:///run/kv.sock"
 
 
-async def first_batch(publisher: zmq.asyncio.Socket, endpoint: str) -> pb.KvEventBatch:
+async def first_batch(publisher: zmq.asyncio.Socket, endpoint: str) -> KvEventBatch:
     """The first batch a subscription to ``endpoint`` decodes while ``publisher`` publishes."""
     batches = subscribe({0: (endpoint, "kv")})
     try:
