@@ -5,7 +5,7 @@
 ``EventStream``, the streaming helpers, ``OutputTracker`` (one output of a token-by-token
 engine, stopping and text), the values tasks, load and health return (``spi.results``), and
 KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``).
-``openengine_gateway.pb`` gives the protobuf messages used for capabilities and events;
+``openengine_gateway.pb`` gives the protobuf messages used for capabilities and runtime events;
 ``openengine_gateway.errors`` the errors;
 ``ConfigurationError`` is here too, for a setting the user must fix (the command exits 2).
 """
