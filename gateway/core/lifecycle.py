@@ -5,53 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 from .. import pb
 from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_abort_fields
-from ..contract.registry import RequestRegistry
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, NotFound, Unimplemented, as_failure, clip
-from ..spi.events import EventStream, OutputFinished, PrefillDone
+from ..spi.events import OutputFinished, PrefillDone
 from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping, TaskContext, TaskItem
 from .audit import audit
 from .callers import current_caller
-from .generation import pump_events
+from .health import engine_checks, worst
+from .registry import RequestRegistry
+from .results import health_message
 from .state import GatewayState
 
 log = logging.getLogger(__name__)
-
-_SEVERITY = {
-    pb.HEALTH_STATE_READY: 0,
-    pb.HEALTH_STATE_DEGRADED: 1,
-    pb.HEALTH_STATE_STARTING: 2,
-    pb.HEALTH_STATE_NOT_READY: 3,
-}
-
-
-def worst(states: Iterable[pb.HealthState.ValueType]) -> pb.HealthState.ValueType:
-    """The overall state of a set of checks: the least ready one."""
-    return max(states, key=lambda s: _SEVERITY.get(s, 3), default=pb.HEALTH_STATE_READY)
-
-
-CHECK_TIMEOUT_S = 10.0
-"""A health check that takes longer than this reports the engine NOT_READY."""
-
-
-async def engine_checks(engine: Engine) -> list[pb.HealthCheck]:
-    """The engine's own checks, or one NOT_READY check when checking raised or hung.
-
-    Drivers are asked to raise nothing, but one that does (or a wedged engine) must read as
-    that engine being unready, not fail the Health of every engine behind the endpoint.
-    """
-    try:
-        async with asyncio.timeout(CHECK_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
-            return list(await engine.backend.check_health())
-    except TimeoutError:
-        message = f"health check took longer than {CHECK_TIMEOUT_S:g}s"
-    except Exception as exc:  # broad on purpose: a check that raises reports a broken engine
-        message = f"health check failed: {type(exc).__name__}: {exc}"
-    return [pb.HealthCheck(name="engine", state=pb.HEALTH_STATE_NOT_READY, message=message)]
 
 
 class LifecycleService:
@@ -102,10 +71,7 @@ class LifecycleService:
         checks = [pb.HealthCheck(name="grpc", state=pb.HEALTH_STATE_READY, message="serving")]
         # Side by side: a Health answers within one check's timeout however many engines hang.
         for engine, reported in zip(selected, await asyncio.gather(*map(engine_checks, selected)), strict=True):
-            for check in reported:
-                checks.append(
-                    pb.HealthCheck(name=check.name, state=check.state, message=self._prefix(engine) + check.message)
-                )
+            checks.extend(health_message(check, self._prefix(engine)) for check in reported)
         if probe:
             engine = selected[0]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
@@ -157,8 +123,7 @@ class LifecycleService:
             prompt_token_ids=None if text_ok else [0],
             stopping=Stopping(max_tokens=1),
         )
-        source = engine.backend.generate(request)
-        events, pump = (source, None) if isinstance(source, EventStream) else pump_events(source)
+        events = engine.backend.generate(request)
         done = False
         try:
             async for event in events:
@@ -171,8 +136,7 @@ class LifecycleService:
                     return "generated a token"
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, "the probe ended without a result")
         finally:
-            if pump is not None:
-                pump.cancel()
+            events.detach()
             if not done:
                 await engine.backend.abort(request_id)
 
@@ -316,7 +280,7 @@ class LifecycleService:
         sessions: int | None = None
         for engine in self._engines:
             load = await engine.backend.load()
-            if load.HasField("active_kv_sessions"):
+            if load.active_kv_sessions is not None:
                 sessions = (sessions or 0) + load.active_kv_sessions
         return len(self._registry), sessions
 
@@ -357,4 +321,4 @@ def _drain_response(state: pb.DrainState.ValueType, counts: tuple[int, int | Non
     return response
 
 
-__all__ = ["LifecycleService", "worst"]
+__all__ = ["LifecycleService"]
