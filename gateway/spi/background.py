@@ -35,8 +35,12 @@ class BackgroundTasks:
         """Run ``work`` (described by ``what``, for the log) until it ends or ``stop``."""
         task = asyncio.create_task(self._run(work, what), name=what)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._ended(done, work))
         return task
+
+    def _ended(self, task: asyncio.Task[None], work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.discard(task)
+        work.close()  # a task cancelled before it ran never started ``work``: close it, unawaited, silently
 
     async def _run(self, work: Coroutine[Any, Any, None], what: str) -> None:
         try:
