@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import pb
 from .contract.capabilities import check_model_info
@@ -19,7 +20,7 @@ from .errors import ConfigurationError, InvalidArgument, NotFound, clip
 from .spi.backend import Backend, EngineFacts
 
 
-def check_exclusive(backends: Sequence[tuple[str, Backend]]) -> None:
+def check_exclusive(backends: Sequence[tuple[str, Backend[Any]]]) -> None:
     """Refuse to serve an engine that needs its process to itself beside another engine.
 
     ``backends`` pairs each engine's label (as errors name it) with its driver; the check runs
@@ -42,7 +43,7 @@ class Engine:
 
     served_name: str
     aliases: tuple[str, ...]
-    backend: Backend
+    backend: Backend[Any]
     facts: EngineFacts
     model_info: pb.ModelInfo = field(init=False)
     ranks: RankSpan = field(init=False)

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class _Planned:
     section: EngineSection
-    backend: Backend
+    backend: Backend[Any]
     served_name: str
     label: str
 

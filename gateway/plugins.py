@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from typing import Any
 
 from stevedore import DriverManager
 from stevedore.exception import MultipleMatches, NoMatches
@@ -96,7 +97,7 @@ def installed_backends() -> list[InstalledBackend]:
     return sorted((_describe(ep) for ep in entry_points(group=GROUP)), key=lambda b: (b.name, b.distribution))
 
 
-def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Backend]:
+def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Backend[Any]]:
     """Import and return the driver class registered as ``name``.
 
     ``allowed`` is the configured allowlist (None allows every installed backend).
