@@ -3,7 +3,7 @@
 The capability table and the request/response mapping are pure functions. ``PoolingEngine``
 runs the items of one call concurrently through ``AsyncLLM.encode``, each under its own vLLM
 request id (``<request_id>#<index>``) so an abort reaches all of them; vLLM's
-``PoolingParams`` class is handed in by ``engine.py``, so this module never imports vLLM.
+``PoolingParams`` class is handed in by ``tasks.py``, so this module never imports vLLM.
 
 * Embed: ``embed`` (sequence) and ``token_embed`` (token) pooling tasks; ``normalize`` is
   vLLM's ``use_activation`` for embeddings; ``dimensions`` only for Matryoshka models.

@@ -71,15 +71,15 @@ def test_socket_files_get_a_directory_of_their_own_only_where_their_paths_stay_s
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """ZeroMQ refuses IPC paths over 107 characters; vLLM appends /<uuid4> to the base path."""
-    from openengine_backends.vllm.engine import _socket_directory
+    from openengine_backends.vllm.startup import socket_directory
 
     with tempfile.TemporaryDirectory(prefix="b") as base:
         monkeypatch.setenv("VLLM_RPC_BASE_PATH", base)
-        directory = _socket_directory()
+        directory = socket_directory()
         assert directory is not None and os.path.dirname(directory.name) == base
         assert len(os.path.join(directory.name, "0" * 36)) <= 107
         directory.cleanup()
     deep = Path("/nonexistent") / ("d" * (107 - len("/nonexistent") - 40))
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(deep))
     assert len(os.path.join(deep, "0" * 36)) <= 107 < len(os.path.join(deep, "oe-vllm-12345678", "0" * 36))
-    assert _socket_directory() is None, "vLLM's own base path still fits: use it"
+    assert socket_directory() is None, "vLLM's own base path still fits: use it"
