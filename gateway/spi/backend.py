@@ -29,8 +29,9 @@ from .kv_events import KvEventBatch, KvEventSource
 from .requests import ClassifyCall, EmbedCall, GenerationRequest, LoraAdapter, ScoreCall
 from .results import Classification, Embedding, HealthCheck, Load, ScoreResult, TaskUsage
 
-SPI_VERSION = 1
-"""The backend SPI revision this gateway implements."""
+SPI_VERSION = 2
+"""The backend SPI revision this gateway implements. 2: ``generate`` returns an ``EventStream``;
+tasks, load, health and KV events are SPI values, not wire messages; ``Backend[SettingsT]``."""
 
 
 class BackendSettings(BaseModel):

@@ -17,10 +17,18 @@ from .test_capabilities import FEATURES
 
 
 @dataclass
+class BackgroundResources:
+    """``AsyncMPClient.resources`` (vllm/v1/engine/core_client.py): no engine-core process here."""
+
+    engine_manager: None = None
+
+
+@dataclass
 class EngineCore:
     """``AsyncLLM.engine_core``: the one rank of a single engine."""
 
     engine_ranks_managed: list[int] = field(default_factory=lambda: [0])
+    resources: BackgroundResources = field(default_factory=BackgroundResources)
 
 
 @dataclass
