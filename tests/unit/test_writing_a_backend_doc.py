@@ -121,3 +121,51 @@ async def test_a_usage_report_after_the_final_finish_is_not_read() -> None:
         messages = [message async for message in running.stub.Generate(request)]
     assert [m.WhichOneof("event") for m in messages] == ["token", "finished"]
     assert messages[-1].usage.completion_tokens == 1
+
+
+def _method_table() -> dict[str, tuple[str, str, str]]:
+    """The guide's Backend method table: name -> (parameters, return as written, required)."""
+    import re
+
+    rows = _table_rows("| method | required |")
+    methods: dict[str, tuple[str, str, str]] = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        for entry in re.findall(r"`([a-z_]+)(?:\(([^)]*)\))?(?: -> ([^`]+))?`", cells[0]):
+            methods[entry[0]] = (entry[1], entry[2], cells[1])
+    return methods
+
+
+def test_the_method_table_is_the_backend_class() -> None:
+    """Every method a driver can implement is in the table, required exactly when it is abstract,
+    with the parameter names and the return type of its signature where the row gives them."""
+    import inspect
+
+    table = _method_table()
+    own = {name: member for name, member in vars(Backend).items() if inspect.isfunction(member)}
+    public = {name for name in own if not name.startswith("_")}
+    assert set(table) == public, "a method of Backend is missing from the guide's table, or the table names one gone"
+    for name, (parameters, returns, required) in table.items():
+        signature = inspect.signature(own[name])
+        assert required == ("yes" if getattr(own[name], "__isabstractmethod__", False) else "no"), name
+        if parameters:
+            assert parameters.split(", ") == list(signature.parameters)[1:], name
+        if returns:
+            assert returns == signature.return_annotation, name
+
+
+def test_every_name_of_the_spi_is_in_the_guide() -> None:
+    from openengine_gateway import spi
+
+    assert [name for name in spi.__all__ if f"`{name}" not in GUIDE and f"{name}`" not in GUIDE] == []
+
+
+def test_the_values_table_is_their_docstrings() -> None:
+    from openengine_gateway import spi
+
+    for row in _table_rows("## Values (`spi.requests`, `spi.events`)"):
+        name, text = (cell.strip() for cell in row.strip("|").split("|"))
+        docstring = getattr(spi, name.strip("`")).__doc__
+        assert text == " ".join(docstring.strip().split("\n\n")[0].split()), (
+            f"{name}: the guide and the docstring differ"
+        )
