@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from .contract.bounds import DEFAULT_BOUNDS
 from .errors import ConfigurationError
 from .spi.backend import BackendSettings
 
@@ -91,30 +92,34 @@ class CoreSettings(_Strict):
         default=None, gt=0, description="inputs of one Embed/Classify/Score call"
     )
     max_id_chars: Annotated[int, Flag("bounds")] = Field(
-        default=1024,
+        default=DEFAULT_BOUNDS.max_id_chars,
         gt=0,
         description="characters of a request, session, item or group id, lora_name, cache_salt, metadata key or value",
     )
     max_stop_conditions: Annotated[int, Flag("bounds")] = Field(
-        default=1024, gt=0, description="stop strings and stop token ids of one Generate"
+        default=DEFAULT_BOUNDS.max_stop_conditions, gt=0, description="stop strings and stop token ids of one Generate"
     )
     max_stop_chars: Annotated[int, Flag("bounds")] = Field(
-        default=4096, gt=0, description="characters of one stop string"
+        default=DEFAULT_BOUNDS.max_stop_chars, gt=0, description="characters of one stop string"
     )
     max_guide_chars: Annotated[int, Flag("bounds")] = Field(
-        default=1024 * 1024, gt=0, description="characters of a guided-decoding spec, or of all its choices"
+        default=DEFAULT_BOUNDS.max_guide_chars,
+        gt=0,
+        description="characters of a guided-decoding spec, or of all its choices",
     )
     max_candidate_ids: Annotated[int, Flag("bounds")] = Field(
-        default=4096, gt=0, description="token ids of an explicit candidate selection"
+        default=DEFAULT_BOUNDS.max_candidate_ids, gt=0, description="token ids of an explicit candidate selection"
     )
     max_num_sequences: Annotated[int, Flag("bounds")] = Field(
-        default=128, gt=0, description="sequences of one Generate (narrows the advertised max_num_sequences)"
+        default=DEFAULT_BOUNDS.max_num_sequences,
+        gt=0,
+        description="sequences of one Generate (narrows the advertised max_num_sequences)",
     )
     max_metadata_entries: Annotated[int, Flag("bounds")] = Field(
-        default=64, gt=0, description="entries of a request's metadata map"
+        default=DEFAULT_BOUNDS.max_metadata_entries, gt=0, description="entries of a request's metadata map"
     )
     max_path_chars: Annotated[int, Flag("bounds")] = Field(
-        default=4096, gt=0, description="characters of a LoRA adapter's source_path"
+        default=DEFAULT_BOUNDS.max_path_chars, gt=0, description="characters of a LoRA adapter's source_path"
     )
     health_poll_s: float = Field(
         default=1.0, gt=0, description="how often each engine's health and load are checked in the background"
