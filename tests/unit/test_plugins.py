@@ -17,7 +17,7 @@ import pytest
 import stevedore._cache
 from openengine_gateway.errors import PluginError
 from openengine_gateway.plugins import GROUP, installed_backends, load_backend, missing_packages
-from openengine_gateway.spi import Backend
+from openengine_gateway.spi import SPI_VERSION, Backend
 from stevedore import ExtensionManager
 
 PACKAGE = "oe_test_plugins"
@@ -160,7 +160,8 @@ def test_wrong_spi_version_is_refused(plugins: Path) -> None:
     with pytest.raises(
         PluginError,
         match=re.escape(
-            "'old' from oe_plugins_main 1.2 implements backend SPI version 0; this gateway implements version 1"
+            "'old' from oe_plugins_main 1.2 implements backend SPI version 0; "
+            f"this gateway implements version {SPI_VERSION}"
         ),
     ):
         load_backend("old")
