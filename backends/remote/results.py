@@ -8,6 +8,7 @@ not copies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 from google.protobuf.message import Message
 from openengine_gateway import pb
@@ -25,27 +26,9 @@ from openengine_gateway.spi import (
     TaskUsage,
 )
 
-_LOAD_SCALARS = (
-    "timestamp_unix_nanos",
-    "running_requests",
-    "queued_requests",
-    "active_kv_sessions",
-    "used_kv_blocks",
-    "total_kv_blocks",
-    "running_tokens",
-    "waiting_tokens",
-    "prefill_batch_size",
-    "decode_batch_size",
-)
-_RANK_SCALARS = (
-    "data_parallel_rank",
-    "running_requests",
-    "queued_requests",
-    "used_kv_blocks",
-    "total_kv_blocks",
-    "prefill_batch_size",
-    "decode_batch_size",
-)
+_LOAD_SCALARS = tuple(f.name for f in fields(Load) if f.name not in ("ranks", "attributes"))
+"""The optional numbers of a load snapshot: the SPI value's own fields, as the core encodes them."""
+_RANK_SCALARS = tuple(f.name for f in fields(RankLoad))
 
 
 def dense(tensor: pb.DenseFloatTensor) -> DenseTensor:
