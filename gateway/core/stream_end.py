@@ -13,10 +13,12 @@ import enum
 from dataclasses import dataclass
 
 from .. import pb
+from .telemetry import outcome
 
 
 class Ending(enum.Enum):
-    """The ways a Generate stream ends; the values of the four accepted ones are ``telemetry.OUTCOMES``."""
+    """The ways a Generate stream ends; the values of the four accepted ones are ``telemetry.OUTCOMES``,
+    in the order of ``telemetry.outcome``, the one rule a task's outcome follows too."""
 
     FINISHED = "finished"
     """Every output finished (or the prefill handed off) and the client read it all: nothing runs in the driver."""
@@ -58,11 +60,8 @@ class StreamEnd:
         if self.rejected:
             return Ending.REJECTED
         failed = self.final is not None and self.final.HasField("error")
-        if self.written and self.complete and not aborted and not failed:
-            return Ending.FINISHED
-        if failed:
-            return Ending.FAILED
-        return Ending.ABORTED if aborted else Ending.CANCELLED
+        finished = self.written and self.complete and not aborted and not failed
+        return Ending(outcome(finished=finished, failed=failed, aborted=aborted))
 
 
 __all__ = ["Ending", "StreamEnd"]
