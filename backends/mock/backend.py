@@ -47,7 +47,7 @@ from .sampling import Sampler, output_rng
 from .scheduler import EngineCore
 from .settings import MockSettings
 from .tasks import TaskModel
-from .tokenizer import VOCAB_SIZE, encode_input
+from .tokenizer import TOKENIZER_ID, VOCAB_SIZE, encode_input
 from .transfer import TRANSFER_BACKEND, SessionStore, pull, tcp_endpoint
 
 
@@ -113,6 +113,7 @@ class MockBackend(Backend[MockSettings]):
             publishes_kv_events=settings.enable_kv_events,
             publishes_runtime_events=settings.enable_runtime_events,
             lora_adapters=(),
+            tokenizer_id=TOKENIZER_ID,
         )
 
     async def stop(self) -> None:

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import Media
+from openengine_gateway.spi import Media, vocabulary_digest
 
 BYTE_TOKENS = 256
 BOS = 256
@@ -51,6 +51,10 @@ _PIECES = tuple(_display(token_id) for token_id in range(VOCAB_SIZE))
 def piece(token_id: int) -> str:
     """A token's display form: the character for printable ASCII, ``<0xNN>`` for other bytes."""
     return _PIECES[token_id] if token_id < VOCAB_SIZE else _display(token_id)
+
+
+TOKENIZER_ID = vocabulary_digest({piece(token_id): token_id for token_id in range(VOCAB_SIZE)}, (BOS, EOS))
+"""``EngineFacts.tokenizer_id``: every mock engine shares this one tokenizer, whatever its settings."""
 
 
 def media_tokens(media: Media) -> list[int]:
@@ -111,6 +115,7 @@ __all__ = [
     "BYTE_TOKENS",
     "EOS",
     "MEDIA_TOKENS",
+    "TOKENIZER_ID",
     "VOCAB_SIZE",
     "TextDecoder",
     "decode",

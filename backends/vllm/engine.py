@@ -156,6 +156,7 @@ class VllmBackend(Backend[VllmSettings]):
             parallelism=capabilities.parallelism(config),
             kv_connector=capabilities.kv_connector(config),
             publishes_kv_events=bool(kv_sources),
+            tokenizer_id=await asyncio.to_thread(startup.tokenizer_id, tokenizer),
         )
 
     async def stop(self) -> None:

@@ -1,5 +1,6 @@
 """Starting vLLM's ``AsyncLLM`` the gateway's way: its stats kept for ``load``, its socket files in a
-directory of the engine's own, a KV cache sized for a CPU. vLLM is imported when an engine starts."""
+directory of the engine's own, a KV cache sized for a CPU, its tokenizer's identity read once.
+vLLM is imported when an engine starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import zmq
+from openengine_gateway.spi import vocabulary_digest
 
 from .cpu_memory import CPU_KV_CACHE_ENV, cpu_kv_cache_default
 
@@ -98,4 +100,19 @@ def sized_for_cpu(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**options, "kv_cache_memory_bytes": size}
 
 
-__all__ = ["keep_only_stat_logger", "rpc_base_path", "sized_for_cpu", "socket_directory", "stats_logger"]
+def tokenizer_id(tokenizer: Any) -> str | None:
+    """``EngineFacts.tokenizer_id`` of the engine's tokenizer (vLLM's ``TokenizerLike``: its
+    vocabulary and special ids); None for an engine started without one (``skip_tokenizer_init``)."""
+    if tokenizer is None:
+        return None
+    return vocabulary_digest(tokenizer.get_vocab(), tokenizer.all_special_ids)
+
+
+__all__ = [
+    "keep_only_stat_logger",
+    "rpc_base_path",
+    "sized_for_cpu",
+    "socket_directory",
+    "stats_logger",
+    "tokenizer_id",
+]

@@ -4,7 +4,8 @@
 ``EngineFacts``, the validated request types, the generation events with their
 ``EventStream``, the streaming helpers, ``OutputTracker`` (one output of a token-by-token
 engine, stopping and text), the values tasks, load and health return (``spi.results``), and
-KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``).
+KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``), and
+``vocabulary_digest``, a tokenizer's identity (``spi.vocabulary``).
 ``openengine_gateway.pb`` gives the protobuf messages used for capabilities and runtime events;
 ``openengine_gateway.errors`` the errors;
 ``ConfigurationError`` is here too, for a setting the user must fix (the command exits 2).
@@ -77,6 +78,7 @@ from .streaming import (
     stop_match_for_token,
 )
 from .tracking import OutputTracker, TokenStep
+from .vocabulary import vocabulary_digest
 
 __all__ = [
     "SPI_VERSION",
@@ -141,4 +143,5 @@ __all__ = [
     "resolve_max_tokens",
     "select_candidates",
     "stop_match_for_token",
+    "vocabulary_digest",
 ]

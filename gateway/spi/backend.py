@@ -79,6 +79,10 @@ class EngineFacts:
     """After ``abort`` the request's stream ends with the engine's own terminal events (CANCELLED
     finishes with usage), as a proxy's remote engine sends them; the core waits a few seconds
     for them instead of ending the stream itself, so the client gets the engine's usage."""
+    tokenizer_id: str | None = None
+    """An identity of the engine's tokenizer: a digest of its vocabulary and special tokens
+    (``spi.vocabulary_digest``). Engines with equal ids read token ids alike, so a name split
+    across them may take token ids; ``None`` (unknown) counts as different from every id."""
 
 
 SettingsT = TypeVar("SettingsT", bound=BackendSettings)

@@ -9,6 +9,7 @@ import pydantic
 import pytest
 from openengine_backends.mock import MockBackend, MockSettings
 from openengine_backends.mock.capabilities import model_info
+from openengine_backends.mock.tokenizer import TOKENIZER_ID
 from openengine_gateway import __version__, pb
 from openengine_gateway.contract.capabilities import check_model_info
 from openengine_gateway.contract.kv_wire import kv_event_to_proto
@@ -58,6 +59,7 @@ async def test_facts_advertise_what_the_settings_enable() -> None:
     assert facts.publishes_kv_events and facts.publishes_runtime_events and facts.lora_adapters == ()
     assert facts.parallelism.data_parallel_size == 2 and facts.parallelism.tensor_parallel_size == 1
     assert facts.kv_connector is not None and facts.kv_connector.supports_remote_prefill
+    assert facts.tokenizer_id is not None and facts.tokenizer_id == TOKENIZER_ID
     info = facts.model
     check_model_info(info)
     assert info.total_kv_blocks == 2048 and info.max_running_requests == 128

@@ -9,6 +9,7 @@ from openengine_backends.mock.tokenizer import (
     BOS,
     EOS,
     MEDIA_TOKENS,
+    TOKENIZER_ID,
     VOCAB_SIZE,
     TextDecoder,
     decode,
@@ -19,7 +20,7 @@ from openengine_backends.mock.tokenizer import (
 )
 from openengine_gateway import pb
 from openengine_gateway.errors import InvalidArgument
-from openengine_gateway.spi import Media
+from openengine_gateway.spi import Media, vocabulary_digest
 
 TEXT = "héllo €uro 😀!"
 
@@ -89,3 +90,10 @@ def test_decoder_matches_the_utf8_codec_on_any_byte_stream() -> None:
 def test_pieces_cover_the_vocabulary_and_beyond() -> None:
     assert [piece(t) for t in (0x09, 0x7E, 0x7F, 0xFF)] == ["\t", "~", "<0x7F>", "<0xFF>"]
     assert piece(VOCAB_SIZE) == f"<unk:{VOCAB_SIZE}>"
+
+
+def test_the_tokenizer_id_digests_every_token_once() -> None:
+    """Each id's piece is distinct, so the digested vocabulary is the whole id table, specials included."""
+    vocab = {piece(token_id): token_id for token_id in range(VOCAB_SIZE)}
+    assert len(vocab) == VOCAB_SIZE
+    assert vocabulary_digest(vocab, (BOS, EOS)) == TOKENIZER_ID
