@@ -8,6 +8,7 @@
                        [--<limit> N ...] [--log-format text|json] [--<driver-option> VALUE ...]
     openengine-gateway backends
     openengine-gateway conformance --target HOST:PORT [--model M] [--json FILE]
+    openengine-gateway routes --target HOST:PORT [--reload]
     openengine-gateway bench --target HOST:PORT/MODEL [--target ...] [--concurrency N | --request-rate R]
                        [--num-requests N] [--duration S] [--json FILE] [--report DIR] (--help for the rest)
 
@@ -15,7 +16,8 @@ Options the gateway does not know are the driver's: ``--backend mock --max-runni
 gives the mock ``max_running_requests="8"`` for its settings model to validate (a flag without a
 value is ``true``; a repeated flag is a list). Without ``--backend`` the engines come from the
 ``[[engines]]`` tables of the configuration file. Every serving flag has a ``[gateway]`` key
-of the same name (``--tls-cert`` is ``tls_cert_file``); the flag wins.
+of the same name (``--tls-cert`` is ``tls_cert_file``); the flag wins. SIGHUP reloads the file's
+``[[splits]]`` and ``[[mirrors]]`` while serving (``reload``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .core.gateway import Gateway, GatewayOptions
 from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import start_engines
 from .plugins import installed_backends, missing_packages
+from .reload import HangupReload, RouteReloader
 from .server.app import GatewayServer, ServerOptions, reserved
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
@@ -85,6 +88,7 @@ COMMANDS = {
     "backends": "list the installed backends, and which of them cannot start here and why",
     "conformance": "check any OpenEngine endpoint against the contract, rule by rule",
     "bench": "benchmark OpenEngine endpoints with one seeded workload, side by side",
+    "routes": "show a running gateway's splits and mirrors, or reload them from its configuration file",
 }
 """The subcommands, each with the line ``--help`` shows for it."""
 
@@ -222,7 +226,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Hold the ports, start engines, then serve (a port in use is reported before any engine loads);
     stop gracefully on SIGINT/SIGTERM (one during startup stops
     the gateway once it has started, so that no engine is left half started, or quietly when the
-    signal also stopped the engine starting)."""
+    signal also stopped the engine starting); reload the routes on SIGHUP."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     drain_timeout = 0.0
@@ -236,7 +240,10 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
-    config = load_config(_config_path(args.config))
+    hangup = HangupReload()
+    loop.add_signal_handler(signal.SIGHUP, hangup)
+    config_file = _config_path(args.config)
+    config = load_config(config_file)
     section = _gateway_section(args, config)
     logs.configure(args.log_level, section.log_format)
     sections = _engine_sections(args, extra, config)
@@ -255,7 +262,9 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
                 raise
             log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
             return 0
-        server = GatewayServer(Gateway(engines, options), server_options)
+        gateway = Gateway(engines, options, splits=config.splits, mirrors=config.mirrors)
+        reloader = RouteReloader(gateway, config_file, config, command_line=args.backend is not None)
+        server = GatewayServer(gateway, server_options, reloader)
         try:
             await server.start()
         except BaseException:
@@ -267,6 +276,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
     metrics = f", metrics on port {server.metrics_port}" if server.metrics_port is not None else ""
     print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
+    hangup.serving(reloader)
     await stop.wait()
     await server.stop(drain_timeout)
     log.info("stopped")
@@ -385,6 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench.cli import main as bench
 
         return bench(arguments[1:])
+    if arguments[:1] == ["routes"]:
+        from .routes_cli import main as routes
+
+        return routes(arguments[1:])
     prog = "openengine-gateway"
     if arguments[:1] == ["serve"]:
         arguments, prog = arguments[1:], "openengine-gateway serve"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from .contract.bounds import DEFAULT_BOUNDS
@@ -208,6 +208,55 @@ class EngineSection(_Strict):
     options: dict[str, Any] = {}
 
 
+STICKY_SOURCES = ("cache_salt", "metadata.KEY")
+"""Where a split finds a request's sticky key: ``kv.cache_salt``, or one entry of its ``metadata``."""
+
+
+class SplitSection(_Strict):
+    """One name served by several engines (``[[splits]]``): each request goes to one of them, chosen
+    by weight, or by its sticky key when it has one (``routes``)."""
+
+    name: str = Field(min_length=1)
+    aliases: list[str] = []
+    engines: dict[str, int] = Field(min_length=1)
+    """Engine (served name) -> weight: its share of requests is its weight over the sum. A weight may
+    be 0 (the engine takes no new requests, its sticky keys move), but not all of them."""
+    sticky: list[str] = ["metadata.session", "cache_salt"]
+    """Sticky key sources (``STICKY_SOURCES``), the first a request has wins: the same key always
+    reaches the same engine while the weights stay, so a conversation keeps its prefix cache."""
+
+    @field_validator("engines")
+    @classmethod
+    def _weights(cls, engines: dict[str, int]) -> dict[str, int]:
+        if any(not 0 <= weight <= 1_000_000 for weight in engines.values()):
+            raise ValueError("a weight must be from 0 to 1000000")
+        if not sum(engines.values()):
+            raise ValueError("at least one engine needs a weight above 0")
+        return engines
+
+    @field_validator("sticky")
+    @classmethod
+    def _sources(cls, sticky: list[str]) -> list[str]:
+        for source in sticky:
+            if source != "cache_salt" and not (source.startswith("metadata.") and len(source) > len("metadata.")):
+                raise ValueError(f"sticky source {source!r} is neither 'cache_salt' nor 'metadata.KEY'")
+        return sticky
+
+
+class MirrorSection(_Strict):
+    """Copies of one name's Generate requests sent to a shadow engine (``[[mirrors]]``): the client is
+    answered by the name's engine alone, the shadow's stream is compared with it and dropped."""
+
+    name: str = Field(min_length=1)
+    """A served name: an engine's, an alias, or a split's."""
+    shadow: str = Field(min_length=1)
+    """The engine (served name) that receives the copies."""
+    percent: float = Field(default=100.0, gt=0, le=100)
+    """The share of the name's requests copied."""
+    max_in_flight: int = Field(default=32, gt=0, le=65536)
+    """Copies running at once; a request past it is not copied (shed, and counted)."""
+
+
 class Config(_Strict):
     """The whole configuration file."""
 
@@ -215,6 +264,8 @@ class Config(_Strict):
     gateway: GatewaySection = GatewaySection()
     backends: dict[str, dict[str, Any]] = {}
     engines: list[EngineSection] = []
+    splits: list[SplitSection] = []
+    mirrors: list[MirrorSection] = []
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -343,12 +394,15 @@ def engine_settings(
 
 
 __all__ = [
+    "STICKY_SOURCES",
     "Config",
     "CoreSettings",
     "EngineSection",
     "Flag",
     "GatewaySection",
+    "MirrorSection",
     "PluginsSection",
+    "SplitSection",
     "did_you_mean",
     "engine_settings",
     "flag_of",

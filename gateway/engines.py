@@ -1,8 +1,9 @@
-"""The engines this process serves, keyed by served model name and aliases.
+"""The engines this process serves, and the names that reach them.
 
 An ``Engine`` is a started backend plus what it advertised. ``EngineSet`` routes a request's
-``model`` to its engine: an unknown name is NOT_FOUND; an empty name is allowed only where
-the contract does not require one and exactly one engine is served.
+``model`` to its ``routes.Route`` (an engine's name, an alias, or a split of several engines):
+an unknown name is NOT_FOUND; an empty name is allowed only where the contract does not require
+one and exactly one engine is served.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import pb
+from .config import MirrorSection, SplitSection
 from .contract.capabilities import check_model_info
 from .contract.ranks import RankSpan, shared_spans
 from .errors import ConfigurationError, InvalidArgument, NotFound, clip
+from .routes import Route, RouteTable
 from .spi.backend import Backend, EngineFacts
 
 
@@ -79,7 +82,9 @@ class EngineSet:
     """Every served engine, with routing by model name and one data-parallel rank space.
 
     Several engines take consecutive blocks of the endpoint's ranks in configuration order
-    (``contract.ranks``), so KV events, per-rank load and request ranks stay attributable.
+    (``contract.ranks``), so KV events, per-rank load and request ranks stay attributable. The
+    names (engines', aliases, splits') and mirrors are a ``RouteTable`` that ``reroute`` replaces
+    while serving; the engines themselves never change.
     """
 
     def __init__(self, engines: Sequence[Engine]) -> None:
@@ -97,6 +102,7 @@ class EngineSet:
         spans = shared_spans([engine.facts.parallelism for engine in self._engines])
         for engine, span in zip(self._engines, spans, strict=True):
             engine.ranks = span
+        self.routes = RouteTable(self._engines)
 
     def __iter__(self) -> Iterator[Engine]:
         return iter(self._engines)
@@ -104,22 +110,35 @@ class EngineSet:
     def __len__(self) -> int:
         return len(self._engines)
 
+    def reroute(self, splits: Sequence[SplitSection], mirrors: Sequence[MirrorSection]) -> RouteTable:
+        """Serve these splits and mirrors from now on (validated first: a ``ConfigurationError``
+        changes nothing). Requests already routed keep their engine."""
+        self.routes = RouteTable(self._engines, splits, mirrors)
+        return self.routes
+
     @property
     def served_names(self) -> list[str]:
-        """Every served model name and alias, in configuration order."""
-        return list(self._by_name)
+        """Every served model name and alias, in configuration order (engines, then splits)."""
+        return self.routes.names
 
-    def resolve(self, model: str, *, required: bool = False) -> Engine:
-        """The engine serving ``model``; an empty name means the only engine when allowed."""
+    def route(self, model: str, *, required: bool = False) -> Route:
+        """The route of ``model``; an empty name means the only engine when allowed."""
         if not model:
             if required:
                 raise InvalidArgument("model is required")
             if len(self._engines) == 1:
-                return self._engines[0]
+                return self.route(self._engines[0].served_name)
             raise InvalidArgument(f"model is required: this gateway serves {self.served_names}")
-        engine = self._by_name.get(model)
-        if engine is None:
+        route = self.routes.get(model)
+        if route is None:
             raise NotFound(f"model {clip(model)} is not served here; served models: {self.served_names}")
+        return route
+
+    def engine(self, name: str) -> Engine:
+        """The engine served as ``name`` (its served name or an alias), never a split."""
+        engine = self._by_name.get(name)
+        if engine is None:
+            raise NotFound(f"no engine is served as {clip(name)}")
         return engine
 
 

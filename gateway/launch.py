@@ -12,6 +12,7 @@ from .config import Config, EngineSection, did_you_mean, engine_settings, looks_
 from .engines import Engine, EngineSet, check_exclusive
 from .errors import ConfigurationError, EngineStartError, PluginError
 from .plugins import installed_backends, load_backend
+from .routes import plan_routes
 from .spi.backend import Backend, BackendSettings
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,10 @@ def plan_engines(
     command_line: bool = False,
     gateway_flags: Collection[str] = (),
 ) -> list[_Planned]:
-    """Load drivers and validate options and names before anything starts; errors name the engine
-    (``engines[i]`` of the file, or ``--backend NAME`` for the command line's one) and, for an
-    unknown option, the closest known one (the command line's among ``gateway_flags`` too)."""
+    """Load drivers and validate options and names (the engines', and those ``[[splits]]`` and
+    ``[[mirrors]]`` use) before anything starts; errors name the engine (``engines[i]`` of the file,
+    or ``--backend NAME`` for the command line's one) and, for an unknown option, the closest known
+    one (the command line's among ``gateway_flags`` too)."""
     if not sections:
         raise ConfigurationError("no engine to serve: pass --backend, or add [[engines]] to plugins.toml")
     _check_backend_tables(config)
@@ -57,6 +59,8 @@ def plan_engines(
             names[name] = label
         planned.append(_Planned(section, driver(settings), served, label))
     check_exclusive([(plan.label, plan.backend) for plan in planned])
+    engine_names = {name: plan.served_name for plan in planned for name in (plan.served_name, *plan.section.aliases)}
+    plan_routes(engine_names, config.splits, config.mirrors)  # a typo in a split is reported before engines load
     return planned
 
 

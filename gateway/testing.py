@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from . import pb
+from .config import MirrorSection, SplitSection
 from .core.gateway import Gateway, GatewayOptions
 from .engines import Engine, EngineSet, check_exclusive
 from .server.app import GatewayServer, ServerOptions
@@ -52,11 +53,15 @@ async def serve_backends(
     host: str = "127.0.0.1",
     server_options: ServerOptions | None = None,
     credentials: grpc.ChannelCredentials | None = None,
+    splits: Sequence[SplitSection] = (),
+    mirrors: Sequence[MirrorSection] = (),
 ) -> AsyncIterator[RunningGateway]:
     """Start ``(served_name, backend[, aliases])`` engines and serve them on a free port.
 
     ``server_options`` (its host and port are replaced) turn on TLS, tokens or metrics;
-    ``credentials`` make ``running.stub`` a TLS channel (a plaintext one otherwise).
+    ``credentials`` make ``running.stub`` a TLS channel (a plaintext one otherwise); ``splits``
+    and ``mirrors`` are the ``[[splits]]``/``[[mirrors]]`` tables (``running.gateway.reroute``
+    changes them while serving).
     """
     check_exclusive([(entry[0], entry[1]) for entry in backends])
     engines: list[Engine] = []
@@ -69,7 +74,8 @@ async def serve_backends(
             started.append(backend)
             engines.append(Engine(name, aliases, backend, facts))
         served = dataclasses.replace(server_options or ServerOptions(), host=host, port=0)
-        server = GatewayServer(Gateway(EngineSet(engines), options), served)
+        gateway = Gateway(EngineSet(engines), options, splits=splits, mirrors=mirrors)
+        server = GatewayServer(gateway, served)
         await server.start()
     except BaseException:
         for backend in started:

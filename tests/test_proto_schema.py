@@ -19,11 +19,12 @@ from types import ModuleType
 
 import pytest
 from google.protobuf import descriptor_pb2
-from openengine_gateway import pb
+from openengine_gateway import pb, routes_pb
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto" / "openengine" / "v1"
 GENERATED_DIR = ROOT / "gateway" / "_generated" / "openengine" / "v1"
+ROUTES_GENERATED_DIR = ROOT / "gateway" / "_generated" / "openengine_gateway" / "v1"
 PACKAGE = "openengine.v1"
 
 SPEC_SCHEMA = """
@@ -1125,9 +1126,19 @@ def test_stale_check_detects_an_edited_module(tmp_path: Path) -> None:
 
 
 def test_generated_modules_import_relatively() -> None:
-    """Generated code never claims the top-level ``openengine`` package."""
-    for module in GENERATED_DIR.glob("*.py*"):
-        assert not re.search(r"^from openengine\b|^import openengine\b", module.read_text(), re.M), module.name
+    """Generated code never claims a top-level ``openengine`` or ``openengine_gateway`` package."""
+    modules = [*GENERATED_DIR.glob("*.py*"), *ROUTES_GENERATED_DIR.glob("*.py*")]
+    assert {module.name for module in ROUTES_GENERATED_DIR.glob("*.py*")} >= {"routes_pb2.py", "routes_pb2_grpc.py"}
+    for module in modules:
+        assert not re.search(r"^(from|import) openengine(_gateway)?\b", module.read_text(), re.M), module.name
+
+
+def test_the_gateways_own_service_is_in_a_package_of_its_own() -> None:
+    """``openengine_gateway.v1.Routes`` adds nothing to the contract's package and uses none of its types."""
+    service = routes_pb.SERVICE_DESCRIPTOR
+    assert service.full_name == routes_pb.SERVICE_NAME == "openengine_gateway.v1.Routes"
+    assert service.file.name == "openengine_gateway/v1/routes.proto" and not service.file.dependencies
+    assert [method.name for method in service.methods] == ["GetRoutes", "ReloadRoutes"]
 
 
 # -- files ------------------------------------------------------------------------------------

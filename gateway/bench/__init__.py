@@ -23,6 +23,7 @@ from .runner import Connection, OnDone, RunOptions, benchmark, run_target
 from .stats import (
     PERCENTILES,
     Agreement,
+    BucketCounts,
     Comparison,
     Distribution,
     Samples,
@@ -44,6 +45,7 @@ __all__ = [
     "Agreement",
     "BenchError",
     "BenchRequest",
+    "BucketCounts",
     "Comparison",
     "Connection",
     "Distribution",

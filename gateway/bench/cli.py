@@ -3,7 +3,9 @@
     openengine-gateway bench --target 127.0.0.1:50051/tiny-llama --target host:50051/model-b \\
         --num-requests 200 --concurrency 8 --prompt-len 64:256 --output-len 128 \\
         --json bench.json --report bench-report/
+    openengine-gateway bench --live http://127.0.0.1:9100/metrics [--window 60] [--report DIR]
 
+``--live`` measures nothing itself: it summarises a running gateway's mirrors (see ``live``).
 Targets are measured one after another with the same requests (see ``runner``). Exit status 0,
 1 when a target finished no request, 2 on a usage, connection or report error, 130 when
 interrupted. A first Ctrl-C stops the run and still reports (table, JSON, plots) what was measured
@@ -27,8 +29,9 @@ from typing import Any, TypeVar
 
 from ..client import ClientError
 from ..client.connection_options import add_connection_options, connect_options
-from .errors import BenchError
-from .plots import caption, require_matplotlib, write_plots
+from . import live
+from .errors import BenchError, ReportError
+from .plots import caption, prepare_directory, require_matplotlib, write_plots
 from .prompts import load_prompts
 from .records import Target, distinct
 from .report import to_json, to_text
@@ -82,7 +85,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--target",
         action="append",
-        required=True,
         type=_typed(Target.parse),
         metavar="HOST:PORT/MODEL",
         help="HOST:PORT/MODEL (or HOST:PORT for the server's only model); repeat to compare",
@@ -155,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_connection_options(parser)
+    live.add_live_options(parser)
     return parser
 
 
@@ -225,20 +228,22 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         if args.json.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
             parser.error(f"--json {args.json}: not a file in a writable directory")
     if args.report is not None:
-        if args.report.exists() and not args.report.is_dir():
-            parser.error(f"--report {args.report}: exists and is not a directory")
-        try:  # made now, as write_plots would make it: a path that cannot be one fails here, not after the run
-            args.report.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            parser.error(f"--report {args.report}: cannot create the directory ({error.strerror or error})")
-        if not os.access(args.report, os.W_OK | os.X_OK):
-            parser.error(f"--report {args.report}: not a writable directory")
+        try:
+            prepare_directory(args.report)
+        except ReportError as error:
+            parser.error(f"--report {args.report}: {error}")
 
 
 async def run(argv: Sequence[str]) -> int:
     """The subcommand inside a running event loop (``main`` runs it; tests await it)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.live is not None:
+        return await live.run(list(argv))
+    if args.target is None:
+        parser.error("give --target HOST:PORT/MODEL (or --live METRICS_URL)")
+    if args.window is not None or args.metrics_ca is not None:
+        parser.error("--window and --metrics-ca go with --live")
     try:
         spec, options = _workload(args), _options(args)
     except ValueError as error:

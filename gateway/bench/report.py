@@ -17,7 +17,8 @@ Cell = Callable[[TargetSummary], str]
 _LATENCIES = (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 
 
-def _number(value: float | None, digits: int = 1) -> str:
+def number(value: float | None, digits: int = 1) -> str:
+    """A figure with ``digits`` decimals, or "-" when there is none."""
     return "-" if value is None else f"{value:.{digits}f}"
 
 
@@ -25,12 +26,12 @@ def _rows(comparison: Comparison) -> list[tuple[str, Cell]]:
     rows: list[tuple[str, Cell]] = [
         ("engine", lambda s: s.engine),
         ("requests ok / failed", lambda s: f"{s.completed} / {s.failed}"),
-        ("duration (s)", lambda s: _number(s.duration_s, 2)),
-        ("requests/s", lambda s: _number(s.requests_per_s, 2)),
-        ("output tokens/s", lambda s: _number(s.output_tokens_per_s)),
+        ("duration (s)", lambda s: number(s.duration_s, 2)),
+        ("requests/s", lambda s: number(s.requests_per_s, 2)),
+        ("output tokens/s", lambda s: number(s.output_tokens_per_s)),
         ("output tokens (usage)", lambda s: f"{s.output_tokens} ({s.usage_completion_tokens})"),
-        ("prompt tokens (cached)", lambda s: f"{s.prompt_tokens} ({_number(s.cached_prompt_tokens, 0)})"),
-        ("tokens/message mean", lambda s: _number(s.tokens_per_message.mean, 2)),
+        ("prompt tokens (cached)", lambda s: f"{s.prompt_tokens} ({number(s.cached_prompt_tokens, 0)})"),
+        ("tokens/message mean", lambda s: number(s.tokens_per_message.mean, 2)),
     ]
     for label, name in _LATENCIES:
         rows.append((f"{label} (ms) mean", _latency(name, "mean")))
@@ -47,7 +48,7 @@ def _latency(name: str, stat: str) -> Cell:
     def cell(summary: TargetSummary) -> str:
         distribution: Distribution = getattr(summary, name)
         value: float | None = getattr(distribution, stat)
-        return _number(None if value is None else value * 1000.0, 2)
+        return number(None if value is None else value * 1000.0, 2)
 
     return cell
 
@@ -69,15 +70,20 @@ def _agreement(comparison: Comparison, field: str) -> Cell:
     return cell
 
 
-def to_text(comparison: Comparison) -> str:
-    """One column per target, one row per figure; agreement rows compare with the first target."""
-    rows = [(name, [cell(s) for s in comparison.summaries]) for name, cell in _rows(comparison)]
-    headers = [s.target for s in comparison.summaries]
+def table(headers: Sequence[str], rows: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """The lines of a table: a column per header, each row its name then one cell per column."""
     first = max(len(name) for name, _ in rows)
     widths = [max(len(header), *(len(cells[i]) for _, cells in rows)) for i, header in enumerate(headers)]
     lines = ["  ".join([" " * first, *(h.rjust(w) for h, w in zip(headers, widths, strict=True))])]
     for name, cells in rows:
         lines.append("  ".join([name.ljust(first), *(c.rjust(w) for c, w in zip(cells, widths, strict=True))]))
+    return lines
+
+
+def to_text(comparison: Comparison) -> str:
+    """One column per target, one row per figure; agreement rows compare with the first target."""
+    rows = [(name, [cell(s) for s in comparison.summaries]) for name, cell in _rows(comparison)]
+    lines = table([s.target for s in comparison.summaries], rows)
     for summary in comparison.summaries:
         lines.extend(
             f"{summary.target}: first {code}: {message}" for code, message in summary.error_examples.items() if message
@@ -130,4 +136,4 @@ def to_json(comparison: Comparison, runs: Sequence[TargetRun], settings: Mapping
     return json.dumps(_finite(document), indent=2)
 
 
-__all__ = ["to_json", "to_text"]
+__all__ = ["number", "table", "to_json", "to_text"]

@@ -5,12 +5,14 @@ latency) is the gap between successive token messages, one sample per gap, as vL
 measures it: it is what a streaming client waits between updates, so an engine that coalesces
 several tokens into one message shows fewer, longer gaps. TPOT (time per output token) is
 ``(e2e - TTFT) / (output tokens - 1)`` per request: the decode speed, unchanged by coalescing.
-Latencies are over finished requests only; errors are counted by code.
+Latencies are over finished requests only; errors are counted by code. ``BucketCounts`` gives the
+same figures for a Prometheus histogram scraped from a running gateway (``bench --live``).
 """
 
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +42,54 @@ class Distribution:
         array = np.asarray(values, dtype=np.float64)
         p50, p90, p99 = (float(p) for p in np.percentile(array, PERCENTILES))
         return cls(len(values), float(array.mean()), p50, p90, p99)
+
+
+@dataclass(frozen=True)
+class BucketCounts:
+    """A Prometheus histogram: cumulative counts by upper bound (ascending, the last one +Inf) and the
+    sum of observations."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    total: float
+
+    @property
+    def count(self) -> int:
+        """Observations in all."""
+        return int(self.cumulative[-1]) if self.cumulative else 0
+
+    def minus(self, earlier: BucketCounts) -> BucketCounts:
+        """The observations made since ``earlier``, a scrape of the same histogram."""
+        if earlier.bounds != self.bounds:
+            raise ValueError(f"histogram buckets changed from {earlier.bounds} to {self.bounds}")
+        counts = tuple(now - then for now, then in zip(self.cumulative, earlier.cumulative, strict=True))
+        return BucketCounts(self.bounds, counts, self.total - earlier.total)
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0 < q < 1) interpolated linearly within its bucket, as Prometheus'
+        ``histogram_quantile`` does: from 0 in the first bucket (unless its bound is not above 0), and
+        the highest finite bound when the rank falls in the +Inf bucket. ``None`` without observations."""
+        if self.count <= 0:
+            return None
+        rank = q * self.cumulative[-1]
+        index = bisect_left(self.cumulative, rank)
+        if index >= len(self.bounds) - 1:
+            return self.bounds[-2] if len(self.bounds) > 1 else None
+        end = self.bounds[index]
+        if index == 0:
+            if end <= 0:
+                return end
+            start, below = 0.0, 0.0
+        else:
+            start, below = self.bounds[index - 1], self.cumulative[index - 1]
+        return start + (end - start) * (rank - below) / (self.cumulative[index] - below)
+
+    def distribution(self) -> Distribution:
+        """Mean (exact, from the sum) and interpolated percentiles, as ``Distribution.of`` gives for samples."""
+        if self.count <= 0:
+            return Distribution(0, None, None, None, None)
+        p50, p90, p99 = (self.quantile(p / 100) for p in PERCENTILES)
+        return Distribution(self.count, self.total / self.cumulative[-1], p50, p90, p99)
 
 
 def ttft(record: RequestRecord) -> float | None:
@@ -224,6 +274,7 @@ def throughput_over_time(
 __all__ = [
     "PERCENTILES",
     "Agreement",
+    "BucketCounts",
     "Comparison",
     "Distribution",
     "Samples",

@@ -71,10 +71,11 @@ class DiscoveryService:
         return info
 
     def model_info(self, request: pb.GetModelInfoRequest) -> pb.ModelInfo:
-        """The advertised capabilities of one served model (by name or alias)."""
+        """The advertised capabilities of one served model (by name or alias); a split's are what
+        every engine behind it accepts (``routes``)."""
         if not request.model:
             raise InvalidArgument("model is required")
-        return self._engines.resolve(request.model).model_info
+        return self._engines.route(request.model).model_info
 
     def kv_connector(self, request: pb.GetKvConnectorInfoRequest | None = None) -> pb.KvConnectorInfo:
         """The KV connector; every field unknown when engines report different connectors."""

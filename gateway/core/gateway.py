@@ -10,20 +10,24 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 
 from pydantic import ConfigDict
 
 from .. import pb
-from ..config import CoreSettings
+from ..config import CoreSettings, MirrorSection, SplitSection
 from ..contract.bounds import FieldBounds, advertise_bounds
 from ..contract.limits import RequestLimits, advertise_task_limits
 from ..engines import EngineSet
+from ..routes import RouteTable
+from .agreement import Agreement
 from .background import BackgroundTasks
 from .discovery import DiscoveryService
 from .events import EventService
 from .generation import GenerationService
 from .lifecycle import LifecycleService
 from .lora import LoraRegistry, LoraService
+from .mirror import Mirroring
 from .monitor import EngineMonitor
 from .registry import RequestRegistry
 from .state import GatewayState
@@ -49,7 +53,14 @@ class GatewayOptions(CoreSettings):
 class Gateway:
     """Every OpenEngine RPC, engine-neutral, over ``engines``."""
 
-    def __init__(self, engines: EngineSet, options: GatewayOptions = GatewayOptions()) -> None:  # noqa: B008 (frozen)
+    def __init__(
+        self,
+        engines: EngineSet,
+        options: GatewayOptions = GatewayOptions(),  # noqa: B008 (frozen)
+        *,
+        splits: Sequence[SplitSection] = (),
+        mirrors: Sequence[MirrorSection] = (),
+    ) -> None:
         self.engines = engines
         self.options = options
         self.state = GatewayState()
@@ -61,11 +72,14 @@ class Gateway:
         self.background = BackgroundTasks()
         loras = LoraRegistry(options.lora_roots)
         self.telemetry = Telemetry()
+        self.agreement = Agreement()
         limits = RequestLimits(options.max_prompt_chars, options.max_prompt_tokens, options.max_task_items)
         bounds = FieldBounds(**{name: getattr(options, name) for name in FieldBounds.__dataclass_fields__})
         for engine in engines:
             advertise_task_limits(engine.model_info, limits)
             advertise_bounds(engine.model_info, bounds)
+        engines.reroute(splits, mirrors)  # a split advertises what its engines do, as the gateway narrows it
+        self.mirroring = Mirroring(self.background, self.agreement)
         instance_id = options.instance_id or (
             next(iter(engines)).facts.instance_id if len(engines) == 1 else uuid.uuid4().hex
         )
@@ -78,6 +92,7 @@ class Gateway:
             limits=limits,
             bounds=bounds,
             telemetry=self.telemetry,
+            mirroring=self.mirroring,
         )
         self.tasks = TaskService(
             engines,
@@ -105,6 +120,16 @@ class Gateway:
         self._monitor_task: asyncio.Task[None] | None = None
 
     @property
+    def routes(self) -> RouteTable:
+        """The served names, splits and mirrors now in effect."""
+        return self.engines.routes
+
+    def reroute(self, splits: Sequence[SplitSection], mirrors: Sequence[MirrorSection]) -> RouteTable:
+        """Serve these splits and mirrors from now on; validated first (a ``ConfigurationError`` names the
+        bad entry and changes nothing). Requests already running keep their engines and copies."""
+        return self.engines.reroute(splits, mirrors)
+
+    @property
     def serving(self) -> bool:
         """Started, not draining, and every engine READY or DEGRADED: what grpc.health.v1 reports."""
         return (
@@ -129,6 +154,7 @@ class Gateway:
             await self.registry.wait_changed(deadline - loop.time())
         for active in self.registry.in_flight():
             active.abort("the gateway is shutting down")
+        self.mirroring.close()
         self.events.close("the gateway is shutting down")
         self.lifecycle.close("the gateway is shutting down")
 

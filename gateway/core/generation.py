@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 
 from .. import pb
 from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_generate_fields
@@ -25,12 +25,14 @@ from ..contract.stream import ContractViolation, GenerateEncoder
 from ..engines import Engine, EngineSet
 from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure, internal_failure
 from ..logs import bind_request_id
+from ..routes import Route
 from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
 from .lora import LoraRegistry
+from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
 from .stream_end import Ending, StreamEnd
@@ -56,6 +58,7 @@ class GenerationService:
         limits: RequestLimits | None = None,
         bounds: FieldBounds = DEFAULT_BOUNDS,
         telemetry: Telemetry | None = None,
+        mirroring: Mirroring | None = None,
     ) -> None:
         self._engines = engines
         self._registry = registry
@@ -65,15 +68,19 @@ class GenerationService:
         self._limits = limits or RequestLimits()
         self._bounds = bounds
         self._telemetry = telemetry
+        self._mirroring = mirroring
 
-    def prepare(self, request: pb.GenerateRequest) -> tuple[Engine, GenerationRequest]:
-        """Route and validate (pre-acceptance); raises ``RequestError``."""
+    def prepare(self, request: pb.GenerateRequest) -> tuple[Route, Engine, GenerationRequest]:
+        """Route and validate (pre-acceptance); raises ``RequestError``. A split's request is checked
+        against what the split advertises, so it is valid on whichever engine takes it."""
         self._state.check_accepting()
         check_generate_fields(request, self._bounds)
-        engine = self._engines.resolve(request.model)  # an unknown model is NOT_FOUND first
+        route = self._engines.route(request.model)  # an unknown model is NOT_FOUND first
         check_generate(request, self._limits)
+        route.check_token_ids(request)
+        engine = _pick(route, request, self._state.engines_down)
         self._state.check_engine(engine.served_name)
-        parsed = parse_generate(request, served_name=engine.served_name, model=engine.model_info, role=engine.role)
+        parsed = parse_generate(request, served_name=engine.served_name, model=route.model_info, role=engine.role)
         if parsed.lora_name is not None:
             self._loras.get(parsed.lora_name)
         if parsed.data_parallel_rank is not None:
@@ -86,11 +93,11 @@ class GenerationService:
                 )
             if rank != parsed.data_parallel_rank:
                 parsed = dataclasses.replace(parsed, data_parallel_rank=rank)
-        return engine, parsed
+        return route, engine, parsed
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """The response stream of one Generate call."""
-        engine, parsed = self.prepare(request)
+        route, engine, parsed = self.prepare(request)
         bind_request_id(parsed.request_id)
         active = ActiveRequest(
             parsed.request_id,
@@ -105,10 +112,13 @@ class GenerationService:
         except BaseException:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
+        copy = None
         end = StreamEnd()
         try:
+            if route.mirror is not None and self._mirroring is not None:
+                copy = self._mirroring.copy(route, engine, request)
             clock = self._telemetry.clock() if self._telemetry is not None else None
-            async for message in _encode(events, encoder, active, clock):
+            async for message in _encode(events, encoder, active, clock, copy.primary if copy else None):
                 end.final = message
                 active.ended = encoder.done  # from its final message on, an Abort finds it finished
                 yield message
@@ -118,7 +128,9 @@ class GenerationService:
             raise
         finally:
             active.ended = True
-            self._close(engine, active, events, end)
+            ending = self._close(engine, active, events, end)
+            if copy is not None:
+                copy.primary_ended(finished=ending is Ending.FINISHED)
 
     def _open(
         self, engine: Engine, parsed: GenerationRequest, active: ActiveRequest
@@ -138,8 +150,8 @@ class GenerationService:
         )
         return events, encoder
 
-    def _close(self, engine: Engine, active: ActiveRequest, events: EventStream, end: StreamEnd) -> None:
-        """Free what the stream held, as the way it ended requires."""
+    def _close(self, engine: Engine, active: ActiveRequest, events: EventStream, end: StreamEnd) -> Ending:
+        """Free what the stream held, as the way it ended requires; returns how it ended."""
         ending = end.ending(aborted=active.aborted)
         if ending is Ending.FINISHED or ending is Ending.REJECTED:  # nothing runs in the driver: the id is free now
             self._registry.release(active, finished=ending is Ending.FINISHED)
@@ -156,6 +168,7 @@ class GenerationService:
         events.detach()
         if self._telemetry is not None and ending is not Ending.REJECTED:
             _account(self._telemetry, final, ending)
+        return ending
 
     def _release(self, engine: Engine, session_id: str) -> None:
         """Free a prefill's KV session that no client received (the stream ended before its handoff)."""
@@ -174,6 +187,16 @@ class GenerationService:
         abort_in_engine(self._background, engine, active)  # now, even while a slow client holds the stream
 
 
+def _pick(route: Route, request: pb.GenerateRequest, down: Container[str]) -> Engine:
+    """The engine of ``route`` for this request: a split's engine owning the requested rank, else by
+    the request's sticky key or weight, among the engines not ``down`` while any is up."""
+    kv = request.kv
+    if route.is_split and kv.HasField("data_parallel_rank"):
+        return route.by_rank(kv.data_parallel_rank)
+    cache_salt = kv.cache_salt if kv.HasField("cache_salt") else None
+    return route.pick(cache_salt=cache_salt, metadata=request.metadata, down=down)
+
+
 def _cancel_if_open(events: EventStream) -> None:
     if not events.closed:
         events.cancel()
@@ -188,12 +211,19 @@ def _account(telemetry: Telemetry, final: pb.GenerateResponse | None, ending: En
 
 
 async def _encode(
-    events: EventStream, encoder: GenerateEncoder, active: ActiveRequest, clock: StreamClock | None = None
+    events: EventStream,
+    encoder: GenerateEncoder,
+    active: ActiveRequest,
+    clock: StreamClock | None = None,
+    tap: SideRecorder | None = None,
 ) -> AsyncIterator[pb.GenerateResponse]:
-    """Encode events until the terminal response; synthesize it when the stream ends early."""
+    """Encode events until the terminal response; synthesize it when the stream ends early. ``tap``
+    records a mirrored request's events for its comparison."""
     sent = False
     try:
         async for event in events:
+            if tap is not None:
+                tap.record(event)
             message = encoder.encode(event)
             if message is not None:
                 sent = True

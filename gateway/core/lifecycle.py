@@ -62,7 +62,7 @@ class LifecycleService:
         if request.role not in pb.EngineRole.values():
             raise InvalidArgument(f"unknown role {request.role}")
         probe = request.include_inference_probe
-        selected = [self._engines.resolve(request.model)] if probe and request.model else list(self._engines)
+        selected = list(self._engines.route(request.model).engines) if probe and request.model else list(self._engines)
         if not self._state.started:
             return pb.HealthResponse(
                 state=pb.HEALTH_STATE_STARTING,
@@ -72,11 +72,12 @@ class LifecycleService:
         # Side by side: a Health answers within one check's timeout however many engines hang.
         for engine, reported in zip(selected, await asyncio.gather(*map(engine_checks, selected)), strict=True):
             checks.extend(health_message(check, self._prefix(engine)) for check in reported)
-        if probe:
-            engine = selected[0]
+        if probe:  # the named model's engines (every engine of a split), else the first engine
+            probed = selected if request.model else selected[:1]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
-                checks.append(_role_check(engine, request.role, self._prefix(engine)))
-            checks.append(await self._probe_check(engine, self._prefix(engine)))
+                checks.extend(_role_check(engine, request.role, self._prefix(engine)) for engine in probed)
+            probes = await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed))
+            checks.extend(probes)
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
@@ -168,7 +169,7 @@ class LifecycleService:
         if active is not None and not caller.reaches(active.owner):
             active = None
         if active is not None and not active.ended:
-            engine = self._engines.resolve(active.model)
+            engine = self._engines.engine(active.model)
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")

@@ -76,9 +76,11 @@ class TaskService:
         rules.require_context(context)
         self._state.check_accepting()
         check_task_fields(request, self._bounds)
-        engine = self._engines.resolve(context.model, required=True)
+        route = self._engines.route(context.model, required=True)
         count = check_task_inputs(inputs, self._limits)
-        call = parse(engine.model_info)
+        call = parse(route.model_info)
+        route.check_token_ids(request)
+        engine = route.pick(metadata=context.metadata, down=self._state.engines_down)
         check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
         return engine, call

@@ -1,4 +1,4 @@
-"""The grpc.aio server: OpenEngine, grpc.health.v1 and reflection on one port.
+"""The grpc.aio server: OpenEngine, the gateway's own Routes, grpc.health.v1 and reflection on one port.
 
 Plaintext or TLS (mutual with a client CA), bearer tokens and per-RPC counts through one
 interceptor (``interceptor``), and Prometheus metrics on a port of their own (``metrics``).
@@ -19,11 +19,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .. import logs, pb
+from .. import logs, pb, routes_pb
+from ..config import Config
 from ..core.gateway import Gateway
+from ..reload import RouteReloader
 from .auth import TokenAuth
 from .interceptor import EdgeInterceptor
 from .metrics import MetricsExporter
+from .routes_servicer import RoutesServicer
 from .servicer import OpenEngineServicer
 from .tls import TlsFiles
 
@@ -103,9 +106,12 @@ def _hold(host: str, port: int, what: str) -> Iterator[int]:
 
 
 class GatewayServer:
-    """Serves a ``Gateway`` over gRPC until stopped."""
+    """Serves a ``Gateway`` over gRPC until stopped; ``reloader`` reloads its routes (``ReloadRoutes``;
+    None: a gateway started without a configuration file, which refuses a reload)."""
 
-    def __init__(self, gateway: Gateway, options: ServerOptions = ServerOptions()) -> None:
+    def __init__(
+        self, gateway: Gateway, options: ServerOptions = ServerOptions(), reloader: RouteReloader | None = None
+    ) -> None:
         self.gateway = gateway
         self.options = options
         self.port = 0
@@ -124,10 +130,12 @@ class GatewayServer:
         )
         servicer = OpenEngineServicer(gateway, max_message_bytes=options.max_message_bytes)
         pb.add_OpenEngineServicer_to_server(servicer, self._server)
+        reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
+        routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
-            (pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+            (pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
         self._health_task: asyncio.Task[None] | None = None
 

@@ -5,13 +5,14 @@ What each RPC needs is one table, ``RPC_ACCESS``, and what each scope reaches an
 ``SCOPE_ACCESS``; the docs' threat model is checked against both.
 
 * **Discovery** (GetEngineInfo, GetModelInfo, GetLoad, Health, ListLoras, the KV connector and
-  event-source lookups, server reflection): any valid token.
+  event-source lookups, the gateway's GetRoutes, server reflection): any valid token.
 * **Inference** (Generate, Embed, Classify, Score, Abort of one request or KV session): an
   inference or control token. Abort reaches only what the same token started (``core.callers``);
   a control token reaches every client's.
 * **Observe** (SubscribeKvEvents, SubscribeRuntimeEvents): an observer or control token. The
   streams carry every client's request ids and token ids, so an inference token never reads them.
-* **Control** (Abort of ``all_requests``, Drain, LoadLora, UnloadLora): a control token.
+* **Control** (Abort of ``all_requests``, Drain, LoadLora, UnloadLora, the gateway's ReloadRoutes): a
+  control token.
 
 A control token grants everything. With no control token configured the inference tokens are
 control tokens, so a gateway with one token is simply closed, never open to control; observer
@@ -92,9 +93,11 @@ RPC_ACCESS: Mapping[str, Access] = MappingProxyType(
         "Drain": Access.CONTROL,
         "LoadLora": Access.CONTROL,
         "UnloadLora": Access.CONTROL,
+        "GetRoutes": Access.DISCOVERY,  # openengine_gateway.v1.Routes, the gateway's own service
+        "ReloadRoutes": Access.CONTROL,
     }
 )
-"""What each OpenEngine RPC needs before its request is read."""
+"""What each RPC of OpenEngine and of the gateway's own Routes service needs before its request is read."""
 
 SCOPE_ACCESS: Mapping[Scope, frozenset[Access]] = MappingProxyType(
     {

@@ -1,6 +1,6 @@
 """The one grpc.aio interceptor: authentication, undecodable requests, and per-RPC status counts.
 
-Every OpenEngine call passes through it once:
+Every call of OpenEngine and of the gateway's own Routes service passes through it once:
 
 1. its bearer token is checked from the call's metadata before the request is even parsed
    (``auth``), so an unauthenticated client cannot make the gateway decode a large message;
@@ -17,8 +17,8 @@ Every OpenEngine call passes through it once:
 The handler it returns relays the servicer's messages through one thin async-generator
 layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
 that handler is built once per method and reused by every call, except for the audited RPCs
-(Abort, Drain, LoRA), which bind their caller; with tokens each call gets its own, bound to its
-token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
+(Abort, Drain, LoRA, ReloadRoutes), which bind their caller; with tokens each call gets its own,
+bound to its token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health
 
-from .. import pb
+from .. import pb, routes_pb
 from ..core.audit import audit
 from ..core.callers import Caller, bind_caller
 from ..errors import InvalidArgument, PermissionDenied, RequestError, ResourceExhausted
@@ -41,7 +41,8 @@ from .servicer import reject
 
 log = logging.getLogger(__name__)
 
-_PREFIX = f"/{pb.SERVICE_NAME}/"
+_PREFIXES = (f"/{pb.SERVICE_NAME}/", f"/{routes_pb.SERVICE_NAME}/")
+"""The services whose RPCs ``auth.RPC_ACCESS`` names (by method name, unique across them)."""
 _EXEMPT_PREFIX = f"/{health.SERVICE_NAME}/"
 
 _Context = grpc.aio.ServicerContext[Any, Any]
@@ -52,7 +53,7 @@ RpcFinished = Callable[[str, str, str | None], None]
 """Called with the RPC name, its final status code name (``OK``, ``CANCELLED``...) and the name of
 the token it presented (None without a valid one)."""
 
-AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora"})
+AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora", "ReloadRoutes"})
 """RPCs whose caller is bound even without tokens, for the audit record."""
 
 
@@ -105,10 +106,10 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(_EXEMPT_PREFIX):
             return handler
         grant = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
-        if not method.startswith(_PREFIX):
+        if not method.startswith(_PREFIXES):
             error = auth.check(Access.DISCOVERY, grant) if auth is not None else None
             return handler if error is None else _rejecting(handler, error, method, grant)
-        rpc = method[len(_PREFIX) :]
+        rpc = method.rpartition("/")[2]
         if auth is not None:
             error = auth.check(static_access(rpc), grant)
             if error is not None:

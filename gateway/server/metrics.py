@@ -21,6 +21,16 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_kv_event_gaps_total                batches an engine lost, reported to subscribers
     openengine_gateway_engine_health{model,state}         1 for the engine's current HealthState
     openengine_gateway_serving                            1 while grpc.health.v1 reports SERVING
+
+Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
+
+    openengine_gateway_mirror_copies_total{outcome}       compared, shed (full), skipped (shadow refuses), cancelled
+    openengine_gateway_mirror_errors_total{side,code}     compared streams that ended with an engine error
+    openengine_gateway_mirror_outputs_total{basis,result}  greedy outputs, identical or diverged, in tokens or text
+    openengine_gateway_mirror_divergence_position{basis}  histogram, first differing token or character
+    openengine_gateway_mirror_finish_reasons_total{primary_reason,shadow_reason}  per output
+    openengine_gateway_mirror_time_to_first_token_seconds{side}  histogram, request start to first token
+    openengine_gateway_mirror_inter_token_latency_seconds{side}  histogram, gap between token events
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .. import pb
+from ..core.agreement import BASES, SIDES, Agreement
 from ..core.gateway import Gateway
 from ..core.telemetry import Histogram
 from .tls import TlsFiles
@@ -139,6 +150,7 @@ class _GatewayCollector(Collector):
         dropped.add_metric(("runtime",), events.runtime.dropped_subscribers)
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
+        yield from _mirrors(gateway.agreement)
 
     def _tokens(self) -> Metric:
         owned = self._gateway.registry.owner_counts()
@@ -174,14 +186,60 @@ class _GatewayCollector(Collector):
         )
 
 
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
+
+
 def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
-    buckets = histogram.cumulative()
-    return HistogramMetricFamily(
-        name,
-        documentation,
-        buckets=[("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in buckets],
-        sum_value=histogram.total,
+    return HistogramMetricFamily(name, documentation, buckets=_buckets(histogram), sum_value=histogram.total)
+
+
+def _mirrors(agreement: Agreement) -> Iterator[Metric]:
+    """The mirror families, present (empty) before any copy so that a scraper can tell a gateway
+    that mirrors nothing yet from one that cannot mirror."""
+    pair = ("primary", "shadow")
+    mirror = f"{PREFIX}_mirror"
+    copies = CounterMetricFamily(f"{mirror}_copies", "Mirrored copies by outcome", labels=(*pair, "outcome"))
+    errors = CounterMetricFamily(
+        f"{mirror}_errors", "Compared streams ended by an engine error", labels=(*pair, "side", "code")
     )
+    outputs = CounterMetricFamily(
+        f"{mirror}_outputs", "Greedy outputs identical or diverged", labels=(*pair, "basis", "result")
+    )
+    divergence = HistogramMetricFamily(
+        f"{mirror}_divergence_position",
+        "First differing token (basis tokens) or character (basis text) of diverged greedy outputs",
+        labels=(*pair, "basis"),
+    )
+    finishes = CounterMetricFamily(
+        f"{mirror}_finish_reasons",
+        "Outputs by the finish reason of each side",
+        labels=(*pair, "primary_reason", "shadow_reason"),
+    )
+    ttft = HistogramMetricFamily(
+        f"{mirror}_time_to_first_token_seconds", "Request start to first token, per side", labels=(*pair, "side")
+    )
+    itl = HistogramMetricFamily(
+        f"{mirror}_inter_token_latency_seconds", "Gap between token events, per side", labels=(*pair, "side")
+    )
+    for (primary, shadow), stats in list(agreement.pairs.items()):
+        for outcome, count in list(stats.copies.items()):
+            copies.add_metric((primary, shadow, outcome), count)
+        for (side, code), count in list(stats.errors.items()):
+            errors.add_metric((primary, shadow, side, code), count)
+        for basis in BASES:
+            identical, diverged = stats.identical[basis], stats.diverged[basis]
+            if identical or diverged:
+                outputs.add_metric((primary, shadow, basis, "identical"), identical)
+                outputs.add_metric((primary, shadow, basis, "diverged"), diverged)
+                histogram = stats.divergence[basis]
+                divergence.add_metric((primary, shadow, basis), _buckets(histogram), histogram.total)
+        for (primary_reason, shadow_reason), count in list(stats.finish_reasons.items()):
+            finishes.add_metric((primary, shadow, primary_reason, shadow_reason), count)
+        for side in SIDES:
+            ttft.add_metric((primary, shadow, side), _buckets(stats.ttft[side]), stats.ttft[side].total)
+            itl.add_metric((primary, shadow, side), _buckets(stats.itl[side]), stats.itl[side].total)
+    yield from (copies, errors, outputs, divergence, finishes, ttft, itl)
 
 
 __all__ = ["PREFIX", "MetricsExporter"]

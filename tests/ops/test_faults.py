@@ -54,7 +54,7 @@ async def wait_serving(running: RunningGateway, status: int) -> None:
 async def test_an_engine_killed_mid_stream(figures: Figures) -> None:
     async with gateway(options=FAST_MONITOR, decode_time_per_step_s=0.01) as running:
         stub = running.stub
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         streams = [stub.Generate(generate(1000)) for _ in range(8)]
         started = [await stream.read() for stream in streams]
@@ -187,6 +187,6 @@ async def test_drain(mode: str) -> None:
             expected = pb.FINISH_REASON_LENGTH if mode == "no deadline" else pb.FINISH_REASON_CANCELLED
             assert all(end.reasons == {0: expected} for end in endings), [(e.reasons, e.error) for e in endings]
         await wait_until(lambda: len(running.gateway.registry) == 0)
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         await wait_until(lambda: engine_idle(backend), what="the engine idles")

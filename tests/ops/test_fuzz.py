@@ -490,7 +490,7 @@ async def fuzzed(
     """A fresh gateway per RPC (a fuzzed Drain closes admission for good); on teardown, after
     every example, the server must still answer and hold nothing."""
     async with gateway() as running:
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         (load,) = (call for call in CALLS if call.rpc == "LoadLora")
         await pb.OpenEngineStub(running.channel).LoadLora(

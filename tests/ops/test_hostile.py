@@ -338,7 +338,7 @@ async def test_a_never_reading_client_holds_one_slot_and_nothing_else() -> None:
         )
         try:
             await wait_until(lambda: running.gateway.registry.get("never-reads") is not None, what="admission")
-            backend = running.gateway.engines.resolve("mock").backend
+            backend = running.gateway.engines.engine("mock").backend
             await wait_until(lambda: engine_idle(backend), what="the engine finishing its work")  # type: ignore[arg-type]
             served = [r async for r in running.stub.Generate(_generate(stopping=pb.StoppingOptions(max_tokens=20)))]
             assert served[-1].HasField("finished")

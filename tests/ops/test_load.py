@@ -73,7 +73,7 @@ class Run:
 async def test_load_held(figures: Figures) -> None:
     async with gateway(options=BUFFERS, **ENGINE) as running:
         stub = pb.OpenEngineStub(running.channel)
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         rng = random.Random(7)
         loop = asyncio.get_running_loop()

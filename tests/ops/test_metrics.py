@@ -282,7 +282,7 @@ async def test_a_slow_kv_subscriber_is_dropped_and_counted() -> None:
 async def test_engine_health_and_serving_follow_an_engine_failure() -> None:
     async with gateway(options=FAST_MONITOR, server=METRICS) as running:
         port = metrics_port(running)
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         assert (await scrape(port))(f"{P}_engine_health", model="mock", state="READY") == 1
         backend.fail("killed by the test")

@@ -91,7 +91,7 @@ async def leave(
 async def test_a_cancellation_storm_leaves_nothing_behind(figures: Figures) -> None:
     async with gateway(decode_time_per_step_s=STEP_S, prefill_time_per_token_s=0.0) as running:
         stub = pb.OpenEngineStub(running.channel)
-        backend = running.gateway.engines.resolve("mock").backend
+        backend = running.gateway.engines.engine("mock").backend
         assert isinstance(backend, MockBackend)
         rng = random.Random(20240607)
         numbers: Iterator[int] = iter(range(STREAMS))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from openengine_gateway.config import Config, engine_settings, load_config
 from openengine_gateway.errors import ConfigurationError
+from openengine_gateway.routes import plan_routes
 from openengine_gateway.spi import BackendSettings
 from pydantic import Field
 
@@ -193,3 +194,17 @@ def test_command_line_paths_stay_relative_to_the_working_directory(tmp_path: Pat
     flagged = with_flags(config.gateway, {"tls_cert_file": "cert.pem"})
     assert flagged.tls_cert_file == Path("cert.pem")
     assert flagged.tls_key_file == tmp_path / "key.pem"
+
+
+def test_the_repository_s_commented_split_and_mirror_example_is_valid(tmp_path: Path) -> None:
+    """plugins.toml's A/B example, uncommented, is a configuration the gateway accepts before any engine starts."""
+    text = (Path(__file__).resolve().parents[2] / "plugins.toml").read_text()
+    example = text.split("# [[engines]]", 1)[1]
+    uncommented = "[[engines]]" + "\n".join(line.removeprefix("# ").removeprefix("#") for line in example.splitlines())
+    path = tmp_path / "plugins.toml"
+    path.write_text(text.split("# A/B on live traffic", 1)[0] + uncommented)
+    config = load_config(path)
+    assert [split.name for split in config.splits] == ["llama"] and config.mirrors[0].shadow == "mock"
+    names = {engine.served_model_name: engine.served_model_name for engine in config.engines}
+    plan = plan_routes(names, config.splits, config.mirrors)
+    assert plan.splits[0][1] == ("tiny-llama", "mock") and plan.mirrors[0][1:] == ("tiny-llama", "mock")

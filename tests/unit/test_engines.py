@@ -15,27 +15,28 @@ def test_served_names_and_aliases_route() -> None:
     first, second = FakeBackend(), FakeBackend()
     engines = engine_set((first, "llama", ["default", "l"]), (second, "qwen"))
     assert engines.served_names == ["llama", "default", "l", "qwen"]
-    assert engines.resolve("llama").backend is first
-    assert engines.resolve("l").backend is first
-    assert engines.resolve("qwen").backend is second
+    assert engines.route("llama").engines == (engines.engine("llama"),)
+    assert engines.engine("llama").backend is first
+    assert engines.route("l").pick().backend is first
+    assert engines.route("qwen").pick().backend is second
     assert len(engines) == 2 and [e.backend for e in engines] == [first, second]
 
 
 def test_unknown_model_is_not_found_and_lists_served_names() -> None:
     engines = engine_set((FakeBackend(), "llama", ["default"]), (FakeBackend(), "qwen"))
     with pytest.raises(NotFound, match=r"'gpt' is not served here; served models: \['llama', 'default', 'qwen'\]"):
-        engines.resolve("gpt")
+        engines.route("gpt")
 
 
 def test_empty_model_only_with_one_engine() -> None:
     backend = FakeBackend()
     single = engine_set(backend)
-    assert single.resolve("").backend is backend
+    assert single.route("").pick().backend is backend
     with pytest.raises(InvalidArgument, match="model is required"):
-        single.resolve("", required=True)
+        single.route("", required=True)
     several = engine_set((FakeBackend(), "a"), (FakeBackend(), "b"))
     with pytest.raises(InvalidArgument, match=r"model is required: this gateway serves \['a', 'b'\]"):
-        several.resolve("")
+        several.route("")
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import ClassVar
 
 import pytest
 from openengine_gateway import launch
-from openengine_gateway.config import Config, EngineSection, PluginsSection
+from openengine_gateway.config import Config, EngineSection, MirrorSection, PluginsSection, SplitSection
 from openengine_gateway.errors import CapabilityError, ConfigurationError, EngineStartError
 from openengine_gateway.plugins import InstalledBackend
 from openengine_gateway.spi import Backend, BackendSettings, EngineFacts
@@ -158,6 +159,21 @@ def test_a_backend_table_for_no_loadable_backend_is_a_typo(loaded: object, confi
     with pytest.raises(ConfigurationError) as raised:
         launch.plan_engines([EngineSection(backend="fake")], config)
     assert raised.value.args[0] == message
+
+
+async def test_a_split_or_mirror_naming_no_engine_is_refused_before_anything_starts(loaded: object) -> None:
+    sections = [EngineSection(backend="fake", served_model_name=name, options={"model": name}) for name in "ab"]
+    Driver.started_order.clear()
+    for config, message in (
+        (
+            Config(splits=[SplitSection(name="s", engines={"a": 1, "bb": 1})]),
+            "splits[0] (s): no engine is served as 'bb' (engines: a, b)",
+        ),
+        (Config(mirrors=[MirrorSection(name="a", shadow="c")]), "mirrors[0] (a -> c): no engine is served as 'c'"),
+    ):
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            await launch.start_engines(sections, config)
+    assert Driver.started_order == []
 
 
 def test_no_engine(loaded: object) -> None:

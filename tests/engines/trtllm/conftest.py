@@ -79,4 +79,4 @@ def stub(gateway: RunningGateway) -> pb.OpenEngineStub:
 @pytest.fixture
 def llm(gateway: RunningGateway) -> Any:
     """The engine's own ``LLM``, to compare the gateway's stream with TensorRT-LLM's own results."""
-    return gateway.gateway.engines.resolve(MODEL).backend._llm  # type: ignore[attr-defined]
+    return gateway.gateway.engines.engine(MODEL).backend._llm  # type: ignore[attr-defined]

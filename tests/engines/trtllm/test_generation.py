@@ -112,7 +112,7 @@ async def test_a_request_without_knobs_gets_the_neutral_sampling_defaults(
 ) -> None:
     """TensorRT-LLM alone decodes greedily; the driver sets temperature 1, top_p 1, top_k off, as vLLM and SGLang
     sample (the tiny model's generation config, written by ``save_pretrained``, sets no sampling default)."""
-    features = gateway.gateway.engines.resolve(MODEL).backend._features  # type: ignore[attr-defined]
+    features = gateway.gateway.engines.engine(MODEL).backend._features  # type: ignore[attr-defined]
     assert dict(features.sampling.values) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert features.sampler_knobs == TORCH_SAMPLER_KNOBS and not features.sampling.dropped
     responses = await collect(stub, generate_request("free", prompt=PROMPT, stopping=no_eos(8)))
