@@ -72,6 +72,7 @@ proto: install
 
 # The overhead benchmarks (benchmarks/README.md): programs that print ratios, one after the other; a few minutes.
 bench: install
+	$(BIN)/pip install --no-deps "smg-grpc-servicer==0.14.0" "smg==1.13.0" "smg-grpc-proto>=0.4.27,<0.5"
 	$(BIN)/python -m benchmarks.gateway_ceiling
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/python -m benchmarks.vllm_overhead
 

@@ -1,19 +1,22 @@
 """Servers under test in their own processes, with the CPU time and memory the kernel charges them.
 
 Each server is started as a child that prints its address on a line of its own; its CPU time
-(user + system, every thread, from ``/proc/<pid>/stat``) and resident memory (``/proc/<pid>/status``)
-are read around a measurement, so a server's cost per message is what the kernel counted, not an
-estimate. Linux only, like the machines the figures are reported for.
+(user + system, every thread, from ``/proc/<pid>/stat``), that of its whole process tree (a vLLM server's
+engine core and worker are its children) and its resident memory (``/proc/<pid>/status``) are read around
+a measurement, so a server's cost per message is what the kernel counted, not an estimate. Linux only,
+like the machines the figures are reported for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,12 +30,25 @@ class Server:
     Its output goes to ``log`` (a file, so a chatty server never blocks on a full pipe).
     """
 
-    def __init__(self, name: str, argv: Sequence[str], *, log: Path, ready: str, timeout_s: float = 300.0) -> None:
-        """Start ``argv`` and wait (up to ``timeout_s``) for an output line containing ``ready`` and an address."""
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log: Path,
+        ready: str,
+        timeout_s: float = 300.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start ``argv`` (with ``env`` added to this environment) and wait (up to ``timeout_s``) for an output
+        line containing ``ready`` and an address."""
         self.name = name
         self.log = log
+        environment = {**os.environ, **(env or {})}
         with log.open("w") as output:
-            self._process = subprocess.Popen(list(argv), cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(
+                list(argv), cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, env=environment
+            )
         self.address = self._wait(ready, timeout_s)
 
     def _wait(self, ready: str, timeout_s: float) -> str:
@@ -54,9 +70,11 @@ class Server:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system, all threads) the child has used so far."""
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_S
+        return cpu_s(self.pid)
+
+    def tree_cpu_s(self) -> float:
+        """CPU seconds the child and every live process below it have used so far."""
+        return tree_cpu_s(self.pid)
 
     def rss_bytes(self) -> int:
         """The child's resident memory now."""
@@ -67,14 +85,55 @@ class Server:
         raise RuntimeError(f"no VmRSS for {self.name}")
 
     def stop(self) -> None:
-        """Terminate the child (SIGTERM, then SIGKILL after 30 s)."""
+        """Terminate the child (SIGTERM, then SIGKILL after 30 s), then any process it started that outlived it."""
         if self._process.poll() is None:
+            below = descendants(self.pid)
             self._process.terminate()
             try:
                 self._process.wait(30)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 onwards)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                children.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` and every live process below it have used so far (one that exits meanwhile is
+    charged to its parent only once reaped: the servers measured keep theirs alive)."""
+    total = cpu_s(pid)
+    for each in descendants(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_s(each)
+    return total
 
 
 def python(*args: str) -> list[str]:
@@ -82,4 +141,4 @@ def python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-__all__ = ["ROOT", "Server", "python"]
+__all__ = ["ROOT", "Server", "cpu_s", "descendants", "python", "tree_cpu_s"]

@@ -33,6 +33,9 @@ class RunResult:
     completed: int = 0
     errors: list[str] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
+    arrivals_s: list[list[float]] = field(default_factory=list)
+    """With ``run(trace=True)``: per completed request, when each message with tokens arrived (seconds after
+    the request started), for inter-token latencies."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -45,8 +48,9 @@ class RunResult:
         return self.messages / self.wall_s if self.wall_s else 0.0
 
 
-async def run(call: StreamCall, *, concurrency: int, requests: int) -> RunResult:
-    """Make ``requests`` calls, ``concurrency`` at a time, each worker starting its next when one ends."""
+async def run(call: StreamCall, *, concurrency: int, requests: int, trace: bool = False) -> RunResult:
+    """Make ``requests`` calls, ``concurrency`` at a time, each worker starting its next when one ends;
+    ``trace`` keeps every token message's arrival time too."""
     result = RunResult()
     numbers = iter(range(requests))
 
@@ -54,14 +58,21 @@ async def run(call: StreamCall, *, concurrency: int, requests: int) -> RunResult
         for number in numbers:
             started = time.perf_counter()
             first = True
+            arrivals: list[float] = []
             try:
                 async for tokens in call(number):
                     result.messages += 1
                     result.tokens += tokens
-                    if first and tokens:
-                        result.ttft_s.append(time.perf_counter() - started)
-                        first = False
+                    if tokens and (first or trace):
+                        now = time.perf_counter() - started
+                        if first:
+                            result.ttft_s.append(now)
+                            first = False
+                        if trace:
+                            arrivals.append(now)
                 result.completed += 1
+                if trace:
+                    result.arrivals_s.append(arrivals)
             except Exception as exc:  # broad on purpose: every failure is counted and reported, not raised
                 result.errors.append(f"{type(exc).__name__}: {exc}")
 

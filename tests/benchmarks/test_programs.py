@@ -45,11 +45,15 @@ def test_gateway_ceiling_runs_every_measurement() -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_overhead_runs_every_measurement() -> None:
+def test_vllm_overhead_runs_every_peer() -> None:
     pytest.importorskip("vllm")
-    report = _run("benchmarks.vllm_overhead", "--rounds", "1", timeout_s=280)
-    for target in ("gateway", "vllm server", "AsyncLLM in process"):
-        assert re.search(rf"{target}\s+[\d,.]+ tokens/s, 0 errors", report), (target, report)
-    assert len(re.findall(r"TTFT p\d+ at concurrency", report)) == 4, report
-    for ratio in ("gateway / vllm server", "gateway / AsyncLLM in process", "vllm server / AsyncLLM in process"):
-        assert re.search(rf"{ratio}\s+\d+\.\d{{3}}x \(rounds", report), (ratio, report)
+    pytest.importorskip("smg_grpc_servicer")
+    report = _run("benchmarks.vllm_overhead", "--quick", timeout_s=900)
+    peers = ("gateway", "grpc python servicer", "grpc rust servicer", "openai server", "AsyncLLM in process")
+    for concurrency in (1, 32):
+        assert f"-- concurrency {concurrency}:" in report, report
+    for peer in peers:  # both tables: every token delivered and checked, no errors
+        assert len(re.findall(rf"^   {peer}\s+\d+ ok\s+0 ", report, re.MULTILINE)) == 2, (peer, report)
+    for peer in peers[1:]:
+        assert re.search(rf"throughput / {peer}\s+\d+\.\d{{3}}x", report), (peer, report)
+    assert re.search(r"gateway frontend CPU per token\s+\d+\.\d us\s+(PASS|FAIL)", report), report
