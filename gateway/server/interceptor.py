@@ -256,6 +256,11 @@ def _relaying(
     )
 
 
+_DEADLINE_SKEW_S = 0.1
+"""A client ends a call at its own deadline, which the server, having started its clock when the call
+arrived, reaches a little later: a cancel this close to the server's deadline is the deadline."""
+
+
 def _code(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The status name a call ends with after ``exc`` left its handler."""
     code = context.code()
@@ -263,7 +268,7 @@ def _code(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> st
         return code.name
     if isinstance(exc, asyncio.CancelledError | GeneratorExit):
         remaining = context.time_remaining()
-        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= _DEADLINE_SKEW_S else "CANCELLED"
     return "UNKNOWN"
 
 
