@@ -14,9 +14,13 @@ from typing import Any
 import pytest
 from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, in_process_target, run_rule
 
+from . import fake_llm
 from .conftest import trtllm
 from .fake_api import install
 
+STEP_S = 0.001
+"""A step of the fake engine: a long request stays in flight for a second or more, however loaded the machine,
+while a rule opens a second call against it (a duplicate id, an abort, a drain)."""
 TRANSCEIVER = {"cache_transceiver_config": {"backend": "UCX"}}
 CONFIGS: dict[str, dict[str, Any]] = {
     "aggregated": {"enable_lora": True, "kv_cache_config": {"tokens_per_block": 4, "event_buffer_max_size": 64}},
@@ -30,6 +34,7 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     """One configuration's engine as a conformance target."""
     with pytest.MonkeyPatch.context() as patch:
         install(patch)
+        patch.setattr(fake_llm, "STEP_S", STEP_S)
         async with in_process_target(trtllm(**CONFIGS[request.param]), timeout_s=30.0) as opened:
             yield opened
 
