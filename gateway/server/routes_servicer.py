@@ -6,17 +6,11 @@ is FAILED_PRECONDITION with the reason: the request has no argument to blame, th
 
 from __future__ import annotations
 
-import logging
-
-import grpc
-
 from .. import routes_pb
 from ..core.callers import current_caller
 from ..errors import ConfigurationError, FailedPrecondition
 from ..reload import RouteReloader, RouteSections
-from .servicer import Context, reject
-
-log = logging.getLogger(__name__)
+from .servicer import Context, unary
 
 
 def route_table(routes: RouteSections) -> routes_pb.RouteTable:
@@ -47,20 +41,18 @@ class RoutesServicer(routes_pb.RoutesServicer):
         self._reloader = reloader
 
     async def GetRoutes(self, request: routes_pb.GetRoutesRequest, context: Context) -> routes_pb.RouteTable:
-        return route_table(self._reloader.gateway.routes)
+        return await unary(context, lambda _request: route_table(self._reloader.gateway.routes), request)
 
     async def ReloadRoutes(
         self, request: routes_pb.ReloadRoutesRequest, context: Context
     ) -> routes_pb.ReloadRoutesResponse:
+        return await unary(context, self._reload, request)
+
+    def _reload(self, _request: routes_pb.ReloadRoutesRequest) -> routes_pb.ReloadRoutesResponse:
         try:
             reloaded = self._reloader.reload(current_caller())
         except ConfigurationError as exc:
-            await reject(context, FailedPrecondition(f"routes not reloaded: {exc}"))
-            raise AssertionError("unreachable") from None
-        except Exception:  # broad on purpose: a bug must be INTERNAL with a message, not UNKNOWN
-            log.exception("unexpected failure reloading the routes")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
-            raise
+            raise FailedPrecondition(f"routes not reloaded: {exc}") from None
         return routes_pb.ReloadRoutesResponse(routes=route_table(reloaded.routes), changes=reloaded.changes)
 
 

@@ -34,7 +34,7 @@ async def reject(context: Context, error: RequestError) -> None:
     await context.abort(grpc.StatusCode[error.status.name], bounded_message(error.message))
 
 
-async def _unary(
+async def unary(
     context: Context, handler: Callable[[R], Awaitable[T] | T], request: R, *, max_bytes: int | None = None
 ) -> T:
     """Run a core handler (sync or async); its ``RequestError`` becomes the call's status.
@@ -66,7 +66,7 @@ async def _stream(context: Context, messages: AsyncIterator[T]) -> AsyncIterator
             yield message
     except RequestError as error:
         await reject(context, error)
-    except Exception:  # broad on purpose: see _unary
+    except Exception:  # broad on purpose: see unary
         log.exception("unexpected failure in a streaming call")
         await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error")
 
@@ -83,49 +83,49 @@ class OpenEngineServicer(pb.OpenEngineServicer):
             yield message
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
-        return await _unary(context, self._gateway.tasks.embed, request, max_bytes=self._max_bytes)
+        return await unary(context, self._gateway.tasks.embed, request, max_bytes=self._max_bytes)
 
     async def Classify(self, request: pb.ClassifyRequest, context: Context) -> pb.ClassifyResponse:
-        return await _unary(context, self._gateway.tasks.classify, request, max_bytes=self._max_bytes)
+        return await unary(context, self._gateway.tasks.classify, request, max_bytes=self._max_bytes)
 
     async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
-        return await _unary(context, self._gateway.tasks.score, request, max_bytes=self._max_bytes)
+        return await unary(context, self._gateway.tasks.score, request, max_bytes=self._max_bytes)
 
     async def GetEngineInfo(self, request: pb.GetEngineInfoRequest, context: Context) -> pb.EngineInfo:
-        return await _unary(context, self._gateway.discovery.engine_info, request)
+        return await unary(context, self._gateway.discovery.engine_info, request)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.ModelInfo:
-        return await _unary(context, self._gateway.discovery.model_info, request)
+        return await unary(context, self._gateway.discovery.model_info, request)
 
     async def GetLoad(self, request: pb.GetLoadRequest, context: Context) -> pb.LoadInfo:
-        return await _unary(context, self._gateway.discovery.load, request)
+        return await unary(context, self._gateway.discovery.load, request)
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
-        return await _unary(context, self._gateway.lifecycle.health, request)
+        return await unary(context, self._gateway.lifecycle.health, request)
 
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortResponse:
-        return await _unary(context, self._gateway.lifecycle.abort, request)
+        return await unary(context, self._gateway.lifecycle.abort, request)
 
     async def Drain(self, request: pb.DrainRequest, context: Context) -> AsyncIterator[pb.DrainResponse]:
         async for message in _stream(context, self._gateway.lifecycle.drain(request)):
             yield message
 
     async def LoadLora(self, request: pb.LoadLoraRequest, context: Context) -> pb.LoadLoraResponse:
-        return await _unary(context, self._gateway.lora.load, request)
+        return await unary(context, self._gateway.lora.load, request)
 
     async def UnloadLora(self, request: pb.UnloadLoraRequest, context: Context) -> pb.UnloadLoraResponse:
-        return await _unary(context, self._gateway.lora.unload, request)
+        return await unary(context, self._gateway.lora.unload, request)
 
     async def ListLoras(self, request: pb.ListLorasRequest, context: Context) -> pb.ListLorasResponse:
-        return await _unary(context, self._gateway.lora.list, request)
+        return await unary(context, self._gateway.lora.list, request)
 
     async def GetKvConnectorInfo(self, request: pb.GetKvConnectorInfoRequest, context: Context) -> pb.KvConnectorInfo:
-        return await _unary(context, self._gateway.discovery.kv_connector, request)
+        return await unary(context, self._gateway.discovery.kv_connector, request)
 
     async def GetKvEventSources(
         self, request: pb.GetKvEventSourcesRequest, context: Context
     ) -> pb.GetKvEventSourcesResponse:
-        return await _unary(context, self._gateway.discovery.kv_event_sources, request)
+        return await unary(context, self._gateway.discovery.kv_event_sources, request)
 
     async def SubscribeKvEvents(
         self, request: pb.SubscribeKvEventsRequest, context: Context
@@ -140,4 +140,4 @@ class OpenEngineServicer(pb.OpenEngineServicer):
             yield message
 
 
-__all__ = ["OpenEngineServicer", "reject"]
+__all__ = ["OpenEngineServicer", "reject", "unary"]
