@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import math
 import random
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -125,6 +125,12 @@ class Route:
                 f"{clip(self.name)} is split across engines whose tokenizers differ, so token ids mean different "
                 f"things on each; send text instead of {', '.join(fields)} (or address one engine by its own name)"
             )
+
+
+def share_tokenizer(engines: Iterable[Engine]) -> bool:
+    """The engines read token ids alike: each reports one and the same ``tokenizer_id`` (unknown is different)."""
+    tokenizers = {engine.facts.tokenizer_id for engine in engines}
+    return len(tokenizers) == 1 and None not in tokenizers
 
 
 def _rendezvous_score(key: str, engine: str, weight: int) -> float:
@@ -240,8 +246,7 @@ def _split_route(split: SplitSection, engines: Sequence[Engine], label: str) -> 
     if len(roles) > 1:
         named = ", ".join(f"{e.served_name}: {pb.EngineRole.Name(e.role)}" for e in engines)
         raise ConfigurationError(f"{label}: a split's engines must share one role ({named})")
-    tokenizers = {engine.facts.tokenizer_id for engine in engines}
-    same_tokenizer = len(engines) == 1 or (len(tokenizers) == 1 and None not in tokenizers)
+    same_tokenizer = len(engines) == 1 or share_tokenizer(engines)
     info = intersect_model_info([engine.model_info for engine in engines], same_tokenizer=same_tokenizer)
     info.served_model_name = split.name
     info.served_model_aliases.extend(split.aliases)
@@ -270,4 +275,4 @@ def _mirrored(route: Route, shadow: Engine, section: MirrorSection) -> Route:
     return dataclasses.replace(route, mirror=Mirror(shadow, section.percent / 100.0, section.max_in_flight))
 
 
-__all__ = ["Mirror", "Route", "RoutePlan", "RouteTable", "plan_routes"]
+__all__ = ["Mirror", "Route", "RoutePlan", "RouteTable", "plan_routes", "share_tokenizer"]

@@ -25,7 +25,7 @@ from ..contract.generation import parse_generate
 from ..contract.intersection import token_id_fields
 from ..engines import Engine
 from ..errors import EngineFailure, InvalidArgument, RequestError, as_failure
-from ..routes import Route
+from ..routes import Route, share_tokenizer
 from ..spi.events import EventStream, GenerationEvent, OutputFinished, TokenDelta
 from ..spi.requests import GenerationRequest
 from .agreement import Agreement, Side
@@ -181,9 +181,7 @@ class Mirroring:
         if self._in_flight[bound] >= mirror.max_in_flight:
             self.agreement.shed(*pair)
             return None
-        same_tokenizer = (
-            engine.facts.tokenizer_id is not None and engine.facts.tokenizer_id == shadow.facts.tokenizer_id
-        )
+        same_tokenizer = share_tokenizer((engine, shadow))
         try:
             if not same_tokenizer and token_id_fields(request):
                 raise InvalidArgument("its token ids mean something else on the shadow")
