@@ -30,8 +30,9 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -54,6 +55,9 @@ from .reload import HangupReload, RouteReloader
 from .server.app import GatewayServer, ServerOptions, reserved
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from .frontends import Frontend
 
 log = logging.getLogger("openengine_gateway")
 
@@ -222,14 +226,35 @@ def _gateway_section(args: argparse.Namespace, config: Config) -> GatewaySection
     return with_flags(config.gateway, {key: getattr(args, key) for key in flagged})
 
 
-async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
+async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Frontend | None = None) -> int:
     """Hold the ports, start engines, then serve (a port in use is reported before any engine loads);
     stop gracefully on SIGINT/SIGTERM (one during startup stops
     the gateway once it has started, so that no engine is left half started, or quietly when the
-    signal also stopped the engine starting); reload the routes on SIGHUP."""
+    signal also stopped the engine starting); reload the routes on SIGHUP. With ``--frontends``
+    above 1, supervise that many frontend processes instead (``frontends``); ``frontend``: this is
+    one of them."""
+    config_file = _config_path(args.config)
+    config = load_config(config_file)
+    section = _gateway_section(args, config)
+    logs.configure(args.log_level, section.log_format)
+    sections = _engine_sections(args, extra, config)
+    if section.frontends > 1 and frontend is None:
+        from .frontends import supervise
+
+        return await supervise(
+            args,
+            extra,
+            config,
+            sections,
+            _server_options(section),
+            count=section.frontends,
+            drain_timeout_s=section.drain_timeout_s,
+            command_line=args.backend is not None,
+            gateway_flags=gateway_flags(),
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    drain_timeout = 0.0
+    drain_timeout = section.drain_timeout_s
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -238,31 +263,35 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         log.info("%s: draining (up to %.0fs), then stopping", signal.Signals(signum).name, drain_timeout)
         stop.set()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGTERM,) if frontend is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     hangup = HangupReload()
     loop.add_signal_handler(signal.SIGHUP, hangup)
-    config_file = _config_path(args.config)
-    config = load_config(config_file)
-    section = _gateway_section(args, config)
-    logs.configure(args.log_level, section.log_format)
-    sections = _engine_sections(args, extra, config)
     options = GatewayOptions(
         **section.model_dump(include=set(CoreSettings.model_fields)),
         advertise_host=section.advertise_host or _routable(section.host),
     )
-    drain_timeout = section.drain_timeout_s
-    with reserved(_server_options(section)) as server_options:  # a port in use is refused before engines load
+    held = reserved(_server_options(section)) if frontend is None else nullcontext(_server_options(section))
+    with held as server_options:  # a port in use is refused before engines load
+        if frontend is not None:
+            server_options = frontend.server_options(server_options)
         try:
             engines = await start_engines(
-                sections, config, command_line=args.backend is not None, gateway_flags=gateway_flags()
+                sections,
+                config,
+                command_line=args.backend is not None,
+                gateway_flags=gateway_flags(),
+                attachments=frontend.attachments if frontend is not None else None,
             )
         except EngineStartError as exc:
             if not stop.is_set():
                 raise
             log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
             return 0
-        gateway = Gateway(engines, options, splits=config.splits, mirrors=config.mirrors)
+        siblings = frontend.siblings() if frontend is not None else None
+        if frontend is not None:
+            options = frontend.gateway_options(options, engines)
+        gateway = Gateway(engines, options, splits=config.splits, mirrors=config.mirrors, siblings=siblings)
         reloader = RouteReloader(gateway, config_file, config, command_line=args.backend is not None)
         server = GatewayServer(gateway, server_options, reloader)
         try:
@@ -275,10 +304,19 @@ async def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     tls = server_options.tls
     scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
     metrics = f", metrics on port {server.metrics_port}" if server.metrics_port is not None else ""
-    print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
+    peers = None
+    if frontend is None:
+        print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
+    else:
+        peers = await frontend.serve_peers(gateway, server.metrics.registry)
+        log.info("frontend %d of %d serving %s on %s", frontend.index + 1, frontend.count, names, server.address)
     hangup.serving(reloader)
     await stop.wait()
     await server.stop(drain_timeout)
+    if peers is not None:
+        await peers.stop()
+    if siblings is not None:
+        await siblings.close()
     log.info("stopped")
     return 0
 
@@ -409,11 +447,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"openengine-gateway: error: --log-level: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run(serve(args, extra))
+        return run_serve(args, extra)
     except (SetupError, OSError) as exc:  # OSError: a port in use, a file that cannot be read
-        log.debug("startup failure", exc_info=exc)
-        print(f"openengine-gateway: error: {exc}", file=sys.stderr)
-        return exc.exit_code if isinstance(exc, SetupError) else 2
+        return report_failure(exc)
+
+
+def run_serve(args: argparse.Namespace, extra: Sequence[str], frontend: Frontend | None = None) -> int:
+    """``serve`` on its own event loop (uvloop where available)."""
+    return _run(serve(args, extra, frontend))
+
+
+def report_failure(exc: SetupError | OSError) -> int:
+    """Say why the gateway could not start; the exit status that goes with it."""
+    log.debug("startup failure", exc_info=exc)
+    print(f"openengine-gateway: error: {exc}", file=sys.stderr)
+    return exc.exit_code if isinstance(exc, SetupError) else 2
 
 
 if __name__ == "__main__":

@@ -154,6 +154,13 @@ class GatewaySection(CoreSettings):
     advertise_host: Annotated[str | None, Flag()] = Field(
         default=None, description="routable host to advertise instead of a wildcard bind address"
     )
+    frontends: Annotated[int, Flag()] = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="gateway processes serving the address in front of the engines, each engine started once "
+        "(above 1: the command supervises them; the backend must support it)",
+    )
     drain_timeout_s: Annotated[float, Flag(name="--drain-timeout")] = Field(
         default=30.0, ge=0, description="seconds a SIGTERM drain waits before aborting"
     )

@@ -124,14 +124,19 @@ async def start_engines(
     *,
     command_line: bool = False,
     gateway_flags: Collection[str] = (),
+    attachments: Sequence[object] | None = None,
 ) -> EngineSet:
     """Start every configured engine (planned as ``plan_engines`` says); on any failure stop the
-    ones already started."""
+    ones already started. ``attachments`` (a frontend process of ``--frontends``): per engine, what
+    its ``Backend.attach`` takes to join the engine the supervisor started instead of starting one."""
     started: list[Engine] = []
     running: list[_Planned] = []  # started backends, including one whose facts are then refused
     try:
-        for plan in plan_engines(sections, config, command_line=command_line, gateway_flags=gateway_flags):
+        plans = plan_engines(sections, config, command_line=command_line, gateway_flags=gateway_flags)
+        for position, plan in enumerate(plans):
             log.info("starting %s engine for model %r", plan.section.backend, plan.served_name)
+            if attachments is not None:
+                plan.backend.attach(attachments[position])
             try:
                 facts = await plan.backend.start()
             except ConnectionError as exc:  # an engine that is not answering, not a typo

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import tempfile
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from openengine_gateway.spi import (
     LoraAdapter,
     ScoreCall,
     ScoreResult,
+    SharedEngine,
     TaskUsage,
 )
 
@@ -46,6 +48,7 @@ from .loras import VllmAdapters
 from .outputs import RequestStream
 from .pooling import PoolingEngine, task_capabilities
 from .settings import VllmSettings
+from .sharing import VllmAttachment, unix_nanos
 from .shutdown import shut_down
 
 log = logging.getLogger(__name__)
@@ -63,12 +66,32 @@ class VllmBackend(Backend[VllmSettings]):
         self._limits = mapping.EngineLimits(max_model_len=1, vocab_size=1, max_logprobs=0)
         self._features: capabilities.EngineFeatures | None = None
         self._stats: dict[int, Any] = {}
+        self._stamps: dict[int, float] = {}
+        """Per engine core, when it made the stats in ``_stats`` (attached to a shared core only)."""
         self._stats_enabled = False
         self._loras = VllmAdapters()
         self._pooling: PoolingEngine | None = None
         self._dp_rank = 0
         self._sockets: tempfile.TemporaryDirectory[str] | None = None
         """vLLM's socket files, removed at ``stop`` (None: vLLM's own base path, left as vLLM leaves it)."""
+        self._attachment: VllmAttachment | None = None
+        """The supervisor's engine core this frontend joins (``--frontends``), or None: start one."""
+
+    # -- several frontend processes (spi.frontends) ----------------------------------------
+
+    @classmethod
+    def share(cls, settings: BackendSettings, frontends: int) -> SharedEngine:
+        """vLLM's engine core started once for ``frontends`` gateway processes (``sharing``)."""
+        from .sharing import VllmSharedEngine
+
+        assert isinstance(settings, VllmSettings)
+        return VllmSharedEngine(settings, frontends)
+
+    def attach(self, attachment: object) -> None:
+        """Join the supervisor's engine core at ``start`` (``attachment``: a ``VllmAttachment``)."""
+        if not isinstance(attachment, VllmAttachment):
+            raise TypeError(f"a vLLM frontend attaches with a VllmAttachment, not {type(attachment).__name__}")
+        self._attachment = attachment
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -82,6 +105,15 @@ class VllmBackend(Backend[VllmSettings]):
         args = AsyncEngineArgs(model=settings.model, **engine_kwargs(startup.sized_for_cpu(settings.engine_options)))
         self._stats_enabled = not args.disable_log_stats
         ours = startup.stats_logger(self._stats)
+        if self._attachment is not None:
+            from .sharing import attached_engine, stamp_stats
+
+            self._engine = await asyncio.to_thread(attached_engine, settings, self._attachment, ours)
+            stamp_stats(self._engine, self._stamps)
+            # vLLM sends a step's stats, and the one after an abort, to any of its API servers: read them from
+            # now on, not from this frontend's first request (an unread sibling also keeps the others' stale).
+            self._engine._run_output_handler()
+            return await self._started(vllm.__version__, ours)
         self._sockets = startup.socket_directory()
         try:
             with startup.rpc_base_path(self._sockets.name) if self._sockets is not None else contextlib.nullcontext():
@@ -90,9 +122,12 @@ class VllmBackend(Backend[VllmSettings]):
             if self._sockets is not None:
                 self._sockets.cleanup()
             raise
-        startup.keep_only_stat_logger(self._engine, ours)
+        return await self._started(vllm.__version__, ours)
+
+    async def _started(self, version: str, stat_logger: type) -> EngineFacts:
+        startup.keep_only_stat_logger(self._engine, stat_logger)
         try:
-            return await self._describe(vllm.__version__)
+            return await self._describe(version)
         except BaseException:
             await self.stop()
             raise
@@ -261,7 +296,11 @@ class VllmBackend(Backend[VllmSettings]):
         config = self._engine.vllm_config
         ranks = list(getattr(self._engine.engine_core, "engine_ranks_managed", ())) or [self._dp_rank]
         blocks = capabilities.blocks_per_rank(config, self._features)
-        return capabilities.load_info(self._stats, blocks=blocks, ranks=ranks)
+        load = capabilities.load_info(self._stats, blocks=blocks, ranks=ranks)
+        if not self._stamps:
+            return load
+        # Beside other frontends, this one's stats are as old as the engine made them (``sharing``).
+        return dataclasses.replace(load, timestamp_unix_nanos=unix_nanos(max(self._stamps.values())))
 
     def kv_event_sources(self) -> list[KvEventSource]:
         """vLLM's ZMQ KV-event publishers, one per data-parallel rank."""

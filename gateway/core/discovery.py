@@ -89,7 +89,7 @@ class DiscoveryService:
     async def load(self, request: pb.GetLoadRequest) -> pb.LoadInfo:
         """A point-in-time load snapshot; with several engines, see ``_sum_loads``."""
         engines = list(self._engines)
-        loads = [load_message(await engine.backend.load()) for engine in engines]
+        loads = await self.engine_loads()
         merged = loads[0] if len(loads) == 1 else _sum_loads(engines, loads)
         result = pb.LoadInfo()
         result.CopyFrom(merged)
@@ -99,6 +99,10 @@ class DiscoveryService:
         if not request.include_per_rank:
             del result.ranks[:]
         return result
+
+    async def engine_loads(self) -> list[pb.LoadInfo]:
+        """Each engine's load as its driver reports it, in engine order."""
+        return [load_message(await engine.backend.load()) for engine in self._engines]
 
     def kv_event_sources(self, request: pb.GetKvEventSourcesRequest) -> pb.GetKvEventSourcesResponse:
         """Engine-native publishers, with routable hosts and endpoint ranks, filtered by rank."""

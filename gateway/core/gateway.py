@@ -29,6 +29,7 @@ from .lifecycle import LifecycleService
 from .lora import LoraRegistry, LoraService
 from .mirror import Mirroring
 from .monitor import EngineMonitor
+from .peers import PeeredDiscovery, PeeredLifecycle, PeeredLora, Siblings
 from .registry import RequestRegistry
 from .state import GatewayState
 from .tasks import TaskService
@@ -60,7 +61,10 @@ class Gateway:
         *,
         splits: Sequence[SplitSection] = (),
         mirrors: Sequence[MirrorSection] = (),
+        siblings: Siblings | None = None,
     ) -> None:
+        """``siblings``: the other frontend processes in front of these engines (``--frontends``),
+        which Abort, Drain, LoRA and GetLoad then reach too (``peers``)."""
         self.engines = engines
         self.options = options
         self.state = GatewayState()
@@ -104,11 +108,22 @@ class Gateway:
             bounds=bounds,
             telemetry=self.telemetry,
         )
-        self.lifecycle = LifecycleService(
-            engines, self.registry, self.state, probe_timeout=options.probe_timeout_s, bounds=bounds
-        )
-        self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=options.advertise_host)
-        self.lora = LoraService(engines, loras, bounds=bounds)
+        self.lifecycle: LifecycleService
+        self.discovery: DiscoveryService
+        self.lora: LoraService
+        probe_timeout, host = options.probe_timeout_s, options.advertise_host
+        if siblings is None:
+            self.lifecycle = LifecycleService(
+                engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+            )
+            self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=host)
+            self.lora = LoraService(engines, loras, bounds=bounds)
+        else:
+            self.lifecycle = PeeredLifecycle(
+                siblings, engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+            )
+            self.discovery = PeeredDiscovery(siblings, engines, instance_id=instance_id, advertise_host=host)
+            self.lora = PeeredLora(siblings, engines, loras, bounds=bounds)
         self.events = EventService(
             engines,
             self.background,

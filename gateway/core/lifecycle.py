@@ -156,7 +156,7 @@ class LifecycleService:
             return self._abort_request(request.request_id)
         if target == "kv_session":
             return await self._abort_session(request.kv_session.session_id)
-        aborted = self._abort_all("aborted by Abort(all_requests)")
+        aborted = await self.abort_all_requests("aborted by Abort(all_requests)")
         audit(f"Abort(all_requests) of {aborted} requests")
         return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"aborted {aborted} requests")
 
@@ -211,6 +211,10 @@ class LifecycleService:
             message=f"KV session {clip(session_id)} aborted ({len(attached)} attached requests)",
         )
 
+    async def abort_all_requests(self, reason: str) -> int:
+        """Abort every request in flight (``Abort(all_requests)``); how many."""
+        return self._abort_all(reason)
+
     def _abort_all(self, reason: str) -> int:
         in_flight = [active for active in self._registry.in_flight() if not active.ended]
         for active in in_flight:
@@ -230,7 +234,7 @@ class LifecycleService:
             self._state.draining = True
         deadline = loop.time() + request.deadline_ms / 1000 if request.HasField("deadline_ms") else None
         counts = await self._counts()
-        yield _drain_response(pb.DRAIN_STATE_STARTED, counts, "drain started")
+        yield drain_response(pb.DRAIN_STATE_STARTED, counts, "drain started")
         reported = counts
         try:
             aborted = False
@@ -239,13 +243,13 @@ class LifecycleService:
                 counts = await self._counts()
                 in_flight, sessions = counts
                 if in_flight == 0 and not sessions:
-                    yield _drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
+                    yield drain_response(pb.DRAIN_STATE_COMPLETE, counts, "drained")
                     return
                 if self._closed is not None:
                     yield pb.DrainResponse(error=self._closed.to_proto())
                     return
                 if counts != reported:
-                    yield _drain_response(pb.DRAIN_STATE_IN_PROGRESS, counts, "draining")
+                    yield drain_response(pb.DRAIN_STATE_IN_PROGRESS, counts, "draining")
                     reported = counts
                 now = loop.time()
                 if deadline is not None and now >= deadline and not aborted:
@@ -314,7 +318,8 @@ def _role_check(engine: Engine, expected: pb.EngineRole.ValueType, prefix: str) 
     )
 
 
-def _drain_response(state: pb.DrainState.ValueType, counts: tuple[int, int | None], message: str) -> pb.DrainResponse:
+def drain_response(state: pb.DrainState.ValueType, counts: tuple[int, int | None], message: str) -> pb.DrainResponse:
+    """A Drain progress message with its counts: in-flight requests, and open KV sessions (None: unknown)."""
     in_flight, sessions = counts
     response = pb.DrainResponse(state=state, in_flight_requests=in_flight, message=message)
     if sessions is not None:
@@ -322,4 +327,4 @@ def _drain_response(state: pb.DrainState.ValueType, counts: tuple[int, int | Non
     return response
 
 
-__all__ = ["LifecycleService"]
+__all__ = ["LifecycleService", "drain_response"]

@@ -63,6 +63,9 @@ class ServerOptions:
     page names models, token names and load, and takes no token)."""
     metrics_tls: bool = False
     """Serve metrics over HTTPS with ``tls``'s certificate (and its client CA: mutual TLS)."""
+    reuse_port: bool = False
+    """Bind the gRPC port with ``SO_REUSEPORT``, beside the other frontend processes of ``--frontends``
+    (the kernel spreads new connections over them)."""
 
 
 @contextlib.contextmanager
@@ -78,7 +81,7 @@ def reserved(options: ServerOptions) -> Iterator[ServerOptions]:
     ``OSError`` naming the address.
     """
     with contextlib.ExitStack() as held:
-        port = held.enter_context(_hold(options.host, options.port, "cannot listen on"))
+        port = held.enter_context(_hold(options.host, options.port, "cannot listen on", reuse_port=options.reuse_port))
         metrics_port = options.metrics_port
         if metrics_port is not None:
             metrics_port = held.enter_context(_hold(options.metrics_host, metrics_port, "cannot serve metrics on"))
@@ -86,8 +89,9 @@ def reserved(options: ServerOptions) -> Iterator[ServerOptions]:
 
 
 @contextlib.contextmanager
-def _hold(host: str, port: int, what: str) -> Iterator[int]:
-    """Bind ``host:port`` without listening for the block; yields the bound port."""
+def _hold(host: str, port: int, what: str, *, reuse_port: bool = False) -> Iterator[int]:
+    """Bind ``host:port`` without listening for the block (with ``SO_REUSEPORT``: so that frontend
+    processes bind it beside this socket); yields the bound port."""
     address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, where = socket.getaddrinfo(
@@ -98,6 +102,8 @@ def _hold(host: str, port: int, what: str) -> Iterator[int]:
         raise OSError(f"{what} {address}: {exc.strerror or exc}") from None
     with sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's and the metrics' listeners do
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind(where)
         except OSError as exc:
@@ -123,7 +129,7 @@ class GatewayServer:
                 EdgeInterceptor(options.auth, self.metrics.rpc_finished, max_request_bytes=options.max_message_bytes)
             ],
             options=[
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", int(options.reuse_port)),
                 ("grpc.max_receive_message_length", transport_limit(options.max_message_bytes)),
                 ("grpc.max_send_message_length", options.max_message_bytes),
             ],

@@ -72,13 +72,32 @@ class MetricsExporter:
             registry=self.registry,
         )
         self.registry.register(_GatewayCollector(gateway, tuple(token_names)))
-        self._http: tuple[WSGIServer, threading.Thread] | None = None
+        self._http: MetricsServer | None = None
 
     def rpc_finished(self, rpc: str, code: str, token: str | None = None) -> None:
         """Count one finished RPC, and by its token's name when it had one (the interceptor's callback)."""
         self._requests.labels(rpc, code).inc()
         if token is not None:
             self._token_requests.labels(token, rpc, code).inc()
+
+    def start(self, host: str, port: int, tls: TlsFiles | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (``MetricsServer.start``); returns the bound port."""
+        self._http = MetricsServer(self.registry)
+        return self._http.start(host, port, tls)
+
+    def stop(self) -> None:
+        """Stop the HTTP server, if started."""
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+
+
+class MetricsServer:
+    """The HTTP server of a registry's ``/metrics`` page."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def start(self, host: str, port: int, tls: TlsFiles | None = None) -> int:
         """Serve ``/metrics`` on ``host:port`` (0 picks a port), over HTTPS with ``tls`` (requiring a
@@ -242,4 +261,4 @@ def _mirrors(agreement: Agreement) -> Iterator[Metric]:
     yield from (copies, errors, outputs, divergence, finishes, ttft, itl)
 
 
-__all__ = ["PREFIX", "MetricsExporter"]
+__all__ = ["PREFIX", "MetricsExporter", "MetricsServer"]

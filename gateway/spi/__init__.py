@@ -5,7 +5,8 @@
 ``EventStream``, the streaming helpers, ``OutputTracker`` (one output of a token-by-token
 engine, stopping and text), the values tasks, load and health return (``spi.results``), and
 KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``), and
-``vocabulary_digest``, a tokenizer's identity (``spi.vocabulary``).
+``vocabulary_digest``, a tokenizer's identity (``spi.vocabulary``), and ``SharedEngine``, one
+engine behind several frontend processes (``spi.frontends``).
 ``openengine_gateway.pb`` gives the protobuf messages used for capabilities and runtime events;
 ``openengine_gateway.errors`` the errors;
 ``ConfigurationError`` is here too, for a setting the user must fix (the command exits 2).
@@ -27,6 +28,7 @@ from .events import (
     TokenRecord,
     UsageReport,
 )
+from .frontends import SharedEngine
 from .kv_events import (
     AllBlocksCleared,
     BlockHash,
@@ -127,6 +129,7 @@ __all__ = [
     "ScoreGroupCall",
     "ScoreResult",
     "SettingsT",
+    "SharedEngine",
     "SparseTensor",
     "StopMatch",
     "StopTextHit",

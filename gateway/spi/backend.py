@@ -23,8 +23,9 @@ from typing import ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from .. import pb
-from ..errors import Unimplemented
+from ..errors import ConfigurationError, Unimplemented
 from .events import EventStream
+from .frontends import SharedEngine
 from .kv_events import KvEventBatch, KvEventSource
 from .requests import ClassifyCall, EmbedCall, GenerationRequest, LoraAdapter, ScoreCall
 from .results import Classification, Embedding, HealthCheck, Load, ScoreResult, TaskUsage
@@ -107,6 +108,31 @@ class Backend(ABC, Generic[SettingsT]):
     """Why this engine cannot share the gateway's process with another engine (process-wide
     state, a shutdown that kills every child process of the gateway), or ``""`` when it can.
     The gateway then refuses, before anything starts, to serve it beside another engine."""
+
+    @classmethod
+    def share(cls, settings: BackendSettings, frontends: int) -> SharedEngine:
+        """Start the engine ``settings`` describe once, for ``frontends`` gateway processes
+        (``--frontends N``; ``spi.frontends``), and return it with one attachment per process.
+
+        Called in the supervisor, which has started no other engine for it; blocking (it runs in a
+        thread). Override it together with ``attach``; the default refuses, and the gateway then
+        refuses ``--frontends`` above 1 before anything starts. Each frontend process then makes its
+        own instance, calls ``attach`` and ``start``, and serves as usual: everything an instance
+        does to the engine (``load_lora``, ``unload_lora``, ``abort_kv_session``...) is done by
+        every frontend, so it must be idempotent engine-side.
+        """
+        raise ConfigurationError(f"backend {cls.name!r} cannot serve from several frontend processes (--frontends)")
+
+    @classmethod
+    def can_share(cls) -> bool:
+        """Whether this driver overrides ``share`` (and so serves ``--frontends`` above 1)."""
+        return cls.share.__func__ is not Backend.share.__func__  # type: ignore[attr-defined]
+
+    def attach(self, attachment: object) -> None:
+        """In a frontend process, before ``start``: ``start`` is then to connect to the engine the
+        supervisor started (``share``), which ``attachment`` (one of its ``attachments``) describes,
+        rather than start one; ``stop`` leaves that engine running."""
+        raise ConfigurationError(f"backend {self.name!r} cannot serve from several frontend processes (--frontends)")
 
     def __init__(self, settings: SettingsT) -> None:
         if not isinstance(settings, self.Settings):  # the gateway validates with Settings; a test may not
@@ -215,4 +241,4 @@ class Backend(ABC, Generic[SettingsT]):
         raise Unimplemented(f"{self.name} does not publish runtime events")
 
 
-__all__ = ["SPI_VERSION", "Backend", "BackendSettings", "EngineFacts", "EventStream", "SettingsT"]
+__all__ = ["SPI_VERSION", "Backend", "BackendSettings", "EngineFacts", "EventStream", "SettingsT", "SharedEngine"]

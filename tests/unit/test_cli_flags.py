@@ -139,7 +139,7 @@ def test_startup_errors_exit_2_with_the_message(
 
     real_serve = cli.serve
 
-    def serve(namespace: argparse.Namespace, extra: list[str]) -> Coroutine[Any, Any, int]:
+    def serve(namespace: argparse.Namespace, extra: list[str], frontend: object = None) -> Coroutine[Any, Any, int]:
         seen.append(namespace)
         return real_serve(namespace, extra)
 

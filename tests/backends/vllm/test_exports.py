@@ -15,6 +15,7 @@ MODULES = [
     "outputs",
     "pooling",
     "settings",
+    "sharing",
     "tiny_model",
 ]
 
