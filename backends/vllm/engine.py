@@ -102,6 +102,7 @@ class VllmBackend(Backend[VllmSettings]):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        startup.environment_cached(False)  # this start reads what is set now (VLLM_RPC_BASE_PATH below)
         args = AsyncEngineArgs(model=settings.model, **engine_kwargs(startup.sized_for_cpu(settings.engine_options)))
         self._stats_enabled = not args.disable_log_stats
         ours = startup.stats_logger(self._stats)
@@ -126,6 +127,7 @@ class VllmBackend(Backend[VllmSettings]):
 
     async def _started(self, version: str, stat_logger: type) -> EngineFacts:
         startup.keep_only_stat_logger(self._engine, stat_logger)
+        startup.environment_cached(True)
         try:
             return await self._describe(version)
         except BaseException:

@@ -91,3 +91,24 @@ def test_socket_files_get_a_directory_of_their_own_only_where_their_paths_stay_s
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(deep))
     assert len(os.path.join(deep, "0" * 36)) <= 107 < len(os.path.join(deep, "oe-vllm-12345678", "0" * 36))
     assert socket_directory() is None, "vLLM's own base path still fits: use it"
+
+
+def test_vllm_reads_its_environment_once_an_engine_has_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cached after a start (vLLM's output path reads it per token), fresh while the next engine starts."""
+    import vllm.envs
+    from openengine_backends.vllm.startup import environment_cached
+
+    was_cached = vllm.envs._is_envs_cache_enabled()
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/before")
+    try:
+        environment_cached(False)
+        assert vllm.envs.VLLM_RPC_BASE_PATH == "/before"
+        environment_cached(True)
+        monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/after")
+        assert vllm.envs.VLLM_RPC_BASE_PATH == "/before", "read once, as vLLM's engine core does"
+        environment_cached(False)
+        assert vllm.envs.VLLM_RPC_BASE_PATH == "/after", "the next start sees the environment as it is"
+    finally:
+        environment_cached(False)
+        monkeypatch.undo()  # before caching again: the cache keeps what the environment holds then
+        environment_cached(was_cached)
