@@ -111,6 +111,22 @@ def _hold(host: str, port: int, what: str, *, reuse_port: bool = False) -> Itera
         yield int(sock.getsockname()[1])
 
 
+UNLIMITED_INTAKE = 65536
+"""Calls gRPC may hold for the gateway when its admission has no limit (``max_in_flight`` unset)."""
+
+
+def _intake_limits(max_in_flight: int | None) -> list[tuple[str, int]]:
+    """gRPC's bound on calls that arrived but that the server has not yet taken, set to the gateway's own.
+
+    grpc.aio takes one new call per event-loop turn, so a burst waits in gRPC's queue; past its
+    default bounds (1,000 soft, 3,000 hard) gRPC cancels new calls, at random and then all of them,
+    and a client sees CANCELLED from a gateway that would have admitted it. Bounded at what the
+    gateway admits, the one limit a client meets is the gateway's RESOURCE_EXHAUSTED with a retry hint.
+    """
+    limit = max(max_in_flight or UNLIMITED_INTAKE, 1000)
+    return [("grpc.server.max_pending_requests", limit), ("grpc.server.max_pending_requests_hard_limit", limit)]
+
+
 class GatewayServer:
     """Serves a ``Gateway`` over gRPC until stopped; ``reloader`` reloads its routes (``ReloadRoutes``;
     None: a gateway started without a configuration file, which refuses a reload)."""
@@ -130,6 +146,7 @@ class GatewayServer:
             ],
             options=[
                 ("grpc.so_reuseport", int(options.reuse_port)),
+                *_intake_limits(gateway.options.max_in_flight),
                 ("grpc.max_receive_message_length", transport_limit(options.max_message_bytes)),
                 ("grpc.max_send_message_length", options.max_message_bytes),
             ],
