@@ -70,10 +70,12 @@ lint: install
 proto: install
 	$(BIN)/python scripts/generate_proto.py
 
-# The overhead benchmarks (benchmarks/README.md): programs that print ratios, one after the other; a few minutes.
+# The overhead and scale benchmarks (benchmarks/README.md): programs that print figures and targets, one after
+# the other; a few minutes.
 bench: install
 	$(BIN)/pip install --no-deps "smg-grpc-servicer==0.14.0" "smg==1.13.0" "smg-grpc-proto>=0.4.27,<0.5"
 	$(BIN)/python -m benchmarks.gateway_ceiling
+	$(BIN)/python -m benchmarks.scale
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/python -m benchmarks.vllm_overhead
 
 clean:

@@ -1,13 +1,15 @@
 """The gateway over a null engine: what the gateway itself costs, with nothing for an engine to compute.
 
-    python -m benchmarks.null_engine MESSAGES_FILE
+    python -m benchmarks.null_engine MESSAGES_FILE [--step-s S] [--max-in-flight N]
 
 The whole gateway (``openengine_gateway.testing.serve_backends``: server, interceptor, core, encoder,
 event streams) in front of ``NullBackend``, which replays the tokens of a recorded gateway stream: one
 token per running request per event-loop turn, as the mock engine's step loop does at zero step time,
 but with no pseudo-model, sampler or KV cache behind it. It advertises the mock engine's model, so it
 takes the same requests, and its tokens are the recorded ones, so its messages match the bare
-server's byte for byte. Prints ``null engine gateway listening on HOST:PORT``.
+server's byte for byte. ``--step-s`` paces the loop (each turn then sleeps that long: a paced engine,
+or with an hour, streams held open without a token); ``--max-in-flight`` is the gateway's admission
+limit (``[gateway] max_in_flight``). Prints ``null engine gateway listening on HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uvloop
 from openengine_backends.mock import MockSettings
 from openengine_backends.mock.capabilities import model_info
 from openengine_gateway import __version__, pb
+from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.spi import (
     Backend,
     BackendSettings,
@@ -42,8 +45,9 @@ class NullBackend(Backend[BackendSettings]):
 
     name = "null"
 
-    def __init__(self, messages: Sequence[pb.GenerateResponse]) -> None:
+    def __init__(self, messages: Sequence[pb.GenerateResponse], step_s: float = 0.0) -> None:
         super().__init__(MockSettings())
+        self._step_s = step_s
         self._tokens = [
             (TokenRecord(info.token_id, info.token), message.token.text)
             for message in messages
@@ -94,12 +98,13 @@ class NullBackend(Backend[BackendSettings]):
                     stream.put(OutputFinished(0, pb.FINISH_REASON_LENGTH))
                     stream.finish()
                 position[0] += 1
-            await asyncio.sleep(0)
+            await asyncio.sleep(self._step_s)
 
 
-async def serve(messages: Sequence[pb.GenerateResponse]) -> None:
+async def serve(messages: Sequence[pb.GenerateResponse], step_s: float, max_in_flight: int | None) -> None:
     """Serve the null engine behind the gateway until cancelled."""
-    async with serve_backends([("mock-model", NullBackend(messages))]) as running:
+    options = GatewayOptions() if max_in_flight is None else GatewayOptions(max_in_flight=max_in_flight)
+    async with serve_backends([("mock-model", NullBackend(messages, step_s))], options=options) as running:
         print(f"null engine gateway listening on {running.address}", flush=True)
         await asyncio.Event().wait()
 
@@ -108,7 +113,10 @@ def main() -> None:
     """Entry point: ``python -m benchmarks.null_engine MESSAGES_FILE``."""
     parser = argparse.ArgumentParser(description="The gateway over a null engine replaying a recorded stream.")
     parser.add_argument("messages", type=Path)
-    uvloop.run(serve(read_messages(parser.parse_args().messages)))
+    parser.add_argument("--step-s", type=float, default=0.0, help="seconds each step-loop turn sleeps (default 0)")
+    parser.add_argument("--max-in-flight", type=int, help="the gateway's admission limit (default: the gateway's)")
+    args = parser.parse_args()
+    uvloop.run(serve(read_messages(args.messages), args.step_s, args.max_in_flight))
 
 
 if __name__ == "__main__":

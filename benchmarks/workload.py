@@ -48,13 +48,20 @@ class RunResult:
         return self.messages / self.wall_s if self.wall_s else 0.0
 
 
-async def run(call: StreamCall, *, concurrency: int, requests: int, trace: bool = False) -> RunResult:
+async def run(
+    call: StreamCall, *, concurrency: int, requests: int, trace: bool = False, ramp_s: float = 0.0
+) -> RunResult:
     """Make ``requests`` calls, ``concurrency`` at a time, each worker starting its next when one ends;
-    ``trace`` keeps every token message's arrival time too."""
+    ``trace`` keeps every token message's arrival time too; ``ramp_s`` spreads the workers' first calls
+    evenly over that many seconds (a server takes thousands of streams started at once less well than
+    the same streams arriving over a second or two)."""
     result = RunResult()
     numbers = iter(range(requests))
+    workers = min(concurrency, requests)
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
+        if ramp_s:
+            await asyncio.sleep(ramp_s * index / workers)
         for number in numbers:
             started = time.perf_counter()
             first = True
@@ -77,7 +84,7 @@ async def run(call: StreamCall, *, concurrency: int, requests: int, trace: bool 
                 result.errors.append(f"{type(exc).__name__}: {exc}")
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+    await asyncio.gather(*(worker(index) for index in range(workers)))
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -44,6 +44,16 @@ def test_gateway_ceiling_runs_every_measurement() -> None:
     assert re.search(r"gateway's extra over bare\s+-?\d+\.\d KiB/stream", report), report
 
 
+def test_scale_runs_every_measurement() -> None:
+    report = _run("benchmarks.scale", "--quick", timeout_s=200)
+    runs = re.findall(r"^-- 256 streams x 128 tokens", report, re.MULTILINE)
+    assert len(runs) == 3, report  # ramped and burst at full speed, ramped paced
+    assert re.findall(r"streams completed\s+(\d+)/256, (\d+) errors", report) == [("256", "0")] * 3, report
+    assert len(re.findall(r"tokens delivered\s+32,768/32,768", report)) == 3, report
+    assert len(re.findall(r"streams started\s+\d+ held, -?\d+\.\d KiB/stream", report)) == 5, report  # and bare
+    assert re.search(r"scale targets met\s+\d+ of \d+", report), report
+
+
 @pytest.mark.vllm
 def test_vllm_overhead_runs_every_peer() -> None:
     pytest.importorskip("vllm")
