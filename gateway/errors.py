@@ -158,6 +158,26 @@ class Internal(RequestError):
     status = Status.INTERNAL
 
 
+REQUEST_ERRORS: dict[str, type[RequestError]] = {
+    kind.status.name: kind
+    for kind in (
+        AlreadyExists,
+        Cancelled,
+        FailedPrecondition,
+        Internal,
+        InvalidArgument,
+        NotFound,
+        OutOfRange,
+        PermissionDenied,
+        ResourceExhausted,
+        Unauthenticated,
+        Unavailable,
+        Unimplemented,
+    )
+}
+"""Each ``RequestError`` by the name of its gRPC status: a status another gateway answered, as the error it was."""
+
+
 class EngineFailure(GatewayError):
     """An application failure after acceptance; becomes one terminal ``EngineError``.
 
@@ -284,6 +304,7 @@ def as_failure(exc: BaseException) -> EngineFailure:
 __all__ = [
     "ECHO_CHARS",
     "MAX_STATUS_MESSAGE_BYTES",
+    "REQUEST_ERRORS",
     "AlreadyExists",
     "Cancelled",
     "CapabilityError",

@@ -14,20 +14,10 @@ from collections.abc import Sequence
 from google.protobuf.json_format import MessageToDict
 from openengine_gateway import pb
 from openengine_gateway.errors import (
-    AlreadyExists,
-    Cancelled,
+    REQUEST_ERRORS,
     EngineFailure,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    OutOfRange,
-    PermissionDenied,
     RequestError,
-    ResourceExhausted,
-    Unauthenticated,
     Unavailable,
-    Unimplemented,
 )
 from openengine_gateway.spi import (
     Candidate,
@@ -42,24 +32,6 @@ from openengine_gateway.spi import (
     TokenRecord,
     UsageReport,
 )
-
-_REJECTIONS: dict[str, type[RequestError]] = {
-    kind.status.name: kind
-    for kind in (
-        AlreadyExists,
-        Cancelled,
-        FailedPrecondition,
-        Internal,
-        InvalidArgument,
-        NotFound,
-        OutOfRange,
-        PermissionDenied,
-        ResourceExhausted,
-        Unauthenticated,
-        Unavailable,
-        Unimplemented,
-    )
-}
 
 
 def token_record(info: pb.TokenInfo) -> TokenRecord:
@@ -149,7 +121,7 @@ def rejection(status: str, details: str, retry_after_ms: int | None = None) -> R
     A status the gateway has no class for (UNKNOWN, DEADLINE_EXCEEDED, ABORTED, DATA_LOSS)
     means the remote could not be used: UNAVAILABLE, so the caller may retry elsewhere.
     """
-    kind = _REJECTIONS.get(status)
+    kind = REQUEST_ERRORS.get(status)
     if kind is None:
         return Unavailable(f"the remote engine answered {status}: {details}", retry_after_ms=retry_after_ms)
     return kind(details, retry_after_ms=retry_after_ms)

@@ -28,7 +28,7 @@ from .. import pb
 from ..core.callers import Caller, bind_caller, current_caller
 from ..core.gateway import Gateway
 from ..core.peers import PeeredDiscovery, PeeredLifecycle, PeeredLora
-from ..errors import Internal, NotFound, RequestError, Unavailable
+from ..errors import REQUEST_ERRORS, Internal, NotFound, RequestError, Unavailable
 from .servicer import Context, unary
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ TOKEN_KEY = "x-openengine-peer"
 CALLER_KEY = "x-openengine-caller"
 CALL_TIMEOUT_S = 10.0
 """How long a unary call to a sibling may take (a sibling that does not answer is dead or stuck)."""
-
-_ERRORS: dict[str, type[RequestError]] = {kind.status.name: kind for kind in RequestError.__subclasses__()}
 
 
 def _pack(messages: Sequence[Message]) -> bytes:
@@ -227,7 +225,7 @@ def as_request_error(error: grpc.aio.AioRpcError) -> RequestError:
     code = error.code()
     if code is grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"a frontend process did not answer: {error.details()}", retry_after_ms=1000)
-    return _ERRORS.get(code.name, Internal)(error.details() or code.name)
+    return REQUEST_ERRORS.get(code.name, Internal)(error.details() or code.name)
 
 
 def fetch_metrics(path: str, token: str, timeout_s: float = 5.0) -> dict[str, Any]:
