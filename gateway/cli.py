@@ -52,7 +52,7 @@ from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import start_engines
 from .plugins import installed_backends, missing_packages
 from .reload import HangupReload, RouteReloader
-from .server.app import GatewayServer, ServerOptions, reserved
+from .server.app import GatewayServer, ServerOptions, reserved, serving_line
 from .server.auth import TokenAuth
 from .server.tls import TlsFiles
 
@@ -301,12 +301,10 @@ async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Fronte
             raise
     log.debug("froze %d objects left by startup out of garbage collection", freeze_startup_objects())
     names = ", ".join(f"{e.served_name} ({e.facts.engine_name} {e.facts.engine_version})" for e in engines)
-    tls = server_options.tls
-    scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
-    metrics = f", metrics on port {server.metrics_port}" if server.metrics_port is not None else ""
     peers = None
     if frontend is None:
-        print(f"openengine-gateway serving {names} on {server.address} ({scheme}{metrics})", flush=True)
+        line = serving_line(names, server_options, server.port, server.metrics_port)
+        print(line, flush=True)
     else:
         peers = await frontend.serve_peers(gateway, server.metrics.registry)
         log.info("frontend %d of %d serving %s on %s", frontend.index + 1, frontend.count, names, server.address)

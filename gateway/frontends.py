@@ -43,7 +43,7 @@ from .core.gateway import Gateway, GatewayOptions
 from .engines import EngineSet
 from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import plan_engines
-from .server.app import ServerOptions, reserved
+from .server.app import ServerOptions, reserved, serving_line
 from .server.merged_metrics import MergedCollector
 from .server.metrics import MetricsServer
 from .server.peers import PeerClients, PeerServer, fetch_metrics
@@ -165,7 +165,9 @@ async def supervise(
                             held.metrics_host, held.metrics_port, held.tls if held.metrics_tls else None
                         ),
                     )
-            print(_serving_line(held, [plan.served_name for plan in plans], count), flush=True)
+            names = ", ".join(plan.served_name for plan in plans)
+            line = serving_line(names, held, held.port, held.metrics_port, f", {count} frontends")
+            print(line, flush=True)
             await supervisor.wait_exit()
             return supervisor.exit_code()
         finally:
@@ -184,15 +186,6 @@ async def _share(backend: Backend[Any], name: str, count: int) -> SharedEngine:
         raise  # the user's to fix, reported as a usage error
     except Exception as exc:
         raise EngineStartError(f"engine {name} failed to start: {type(exc).__name__}: {exc}") from exc
-
-
-def _serving_line(options: ServerOptions, names: Sequence[str], count: int) -> str:
-    """The startup line a single gateway prints, with the number of frontends."""
-    host = options.host
-    address = f"[{host}]:{options.port}" if ":" in host else f"{host}:{options.port}"
-    scheme = "plaintext" if options.tls is None else "mTLS" if options.tls.mutual else "TLS"
-    metrics = f", metrics on port {options.metrics_port}" if options.metrics_port is not None else ""
-    return f"openengine-gateway serving {', '.join(names)} on {address} ({scheme}, {count} frontends{metrics})"
 
 
 class _Supervisor:

@@ -68,6 +68,20 @@ class ServerOptions:
     (the kernel spreads new connections over them)."""
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serving_line(names: str, options: ServerOptions, port: int, metrics_port: int | None, note: str = "") -> str:
+    """The startup line the launchers wait for: what serves where (``port`` as bound), in plaintext, TLS or
+    mTLS, the metrics port, and ``note`` (the number of frontend processes)."""
+    tls = options.tls
+    scheme = "plaintext" if tls is None else "mTLS" if tls.mutual else "TLS"
+    metrics = f", metrics on port {metrics_port}" if metrics_port is not None else ""
+    return f"openengine-gateway serving {names} on {host_port(options.host, port)} ({scheme}{note}{metrics})"
+
+
 @contextlib.contextmanager
 def reserved(options: ServerOptions) -> Iterator[ServerOptions]:
     """Hold the gRPC and metrics ports from now until the block ends; yields ``options`` with each
@@ -165,13 +179,11 @@ class GatewayServer:
     @property
     def address(self) -> str:
         """``host:port`` as bound (the port resolved when 0 was asked for)."""
-        host = self.options.host
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return host_port(self.options.host, self.port)
 
     async def start(self) -> None:
         """Bind and start serving; raises ``OSError`` when the address cannot be bound."""
-        host = self.options.host
-        target = f"[{host}]:{self.options.port}" if ":" in host else f"{host}:{self.options.port}"
+        target = host_port(self.options.host, self.options.port)
         tls = self.options.tls
         try:
             if tls is None:
