@@ -43,7 +43,6 @@ from openengine_gateway.spi import (
 )
 
 from . import capabilities, generation, kv_publishers, mapping, startup, tasks
-from .engine_args import engine_kwargs
 from .loras import VllmAdapters
 from .outputs import RequestStream
 from .pooling import PoolingEngine, task_capabilities
@@ -99,17 +98,16 @@ class VllmBackend(Backend[VllmSettings]):
         """Build ``AsyncLLM`` from the settings (in a thread: it blocks while the core starts)."""
         settings = self.settings
         import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         startup.environment_cached(False)  # this start reads what is set now (VLLM_RPC_BASE_PATH below)
-        args = AsyncEngineArgs(model=settings.model, **engine_kwargs(startup.sized_for_cpu(settings.engine_options)))
+        args = startup.engine_args(settings)
         self._stats_enabled = not args.disable_log_stats
         ours = startup.stats_logger(self._stats)
         if self._attachment is not None:
             from .sharing import attached_engine, stamp_stats
 
-            self._engine = await asyncio.to_thread(attached_engine, settings, self._attachment, ours)
+            self._engine = await asyncio.to_thread(attached_engine, args, self._attachment, ours)
             stamp_stats(self._engine, self._stamps)
             # vLLM sends a step's stats, and the one after an abort, to any of its API servers: read them from
             # now on, not from this frontend's first request (an unread sibling also keeps the others' stale).

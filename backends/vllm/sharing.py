@@ -21,7 +21,6 @@ from typing import Any
 from openengine_gateway.spi import SharedEngine
 
 from . import startup
-from .engine_args import engine_kwargs
 from .settings import VllmSettings
 from .shutdown import await_exits_under_way
 
@@ -44,24 +43,22 @@ class VllmAttachment:
         return int(self.client_config["client_index"])
 
 
-def engine_args(settings: VllmSettings, *, frontends: int, rank: int) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for the settings, as API server ``rank`` of ``frontends``
-    (-1: the supervisor, which starts the core)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    args = AsyncEngineArgs(model=settings.model, **engine_kwargs(startup.sized_for_cpu(settings.engine_options)))
+def as_api_process(args: Any, *, frontends: int, rank: int) -> Any:
+    """vLLM's ``AsyncEngineArgs`` marked as API server ``rank`` of ``frontends`` (-1: the supervisor, which
+    starts the core), as ``run_multi_api_server`` marks them."""
     args._api_process_count = frontends
     args._api_process_rank = rank
     return args
 
 
-def attached_engine(settings: VllmSettings, attachment: VllmAttachment, stat_logger: Any) -> Any:
-    """Frontend ``attachment.client_index``'s ``AsyncLLM`` on the supervisor's engine core, as vLLM's
-    API server builds it (``build_async_engine_client``); blocking until the core says it is ready."""
+def attached_engine(args: Any, attachment: VllmAttachment, stat_logger: Any) -> Any:
+    """Frontend ``attachment.client_index``'s ``AsyncLLM`` on the supervisor's engine core, from the
+    settings' engine ``args``, as vLLM's API server builds it (``build_async_engine_client``); blocking
+    until the core says it is ready."""
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = engine_args(settings, frontends=attachment.client_count, rank=attachment.client_index)
+    args = as_api_process(args, frontends=attachment.client_count, rank=attachment.client_index)
     config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     addresses = {k: v for k, v in attachment.client_config.items() if k not in ("client_count", "client_index")}
     return AsyncLLM.from_vllm_config(
@@ -109,7 +106,7 @@ class VllmSharedEngine(SharedEngine):
         from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
         from vllm.v1.executor import Executor
 
-        args = engine_args(settings, frontends=frontends, rank=-1)
+        args = as_api_process(startup.engine_args(settings), frontends=frontends, rank=-1)
         config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         self._sockets: tempfile.TemporaryDirectory[str] | None = startup.socket_directory()
         self._manager: Any = None
@@ -170,4 +167,4 @@ class VllmSharedEngine(SharedEngine):
             self._sockets = None
 
 
-__all__ = ["VllmAttachment", "VllmSharedEngine", "attached_engine", "engine_args", "stamp_stats", "unix_nanos"]
+__all__ = ["VllmAttachment", "VllmSharedEngine", "as_api_process", "attached_engine", "stamp_stats", "unix_nanos"]

@@ -15,6 +15,8 @@ import zmq
 from openengine_gateway.spi import vocabulary_digest
 
 from .cpu_memory import CPU_KV_CACHE_ENV, cpu_kv_cache_default
+from .engine_args import engine_kwargs
+from .settings import VllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,13 @@ def sized_for_cpu(options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**options, "kv_cache_memory_bytes": size}
 
 
+def engine_args(settings: VllmSettings) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for the driver's settings, the KV cache sized for a CPU (``sized_for_cpu``)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(model=settings.model, **engine_kwargs(sized_for_cpu(settings.engine_options)))
+
+
 def tokenizer_id(tokenizer: Any) -> str | None:
     """``EngineFacts.tokenizer_id`` of the engine's tokenizer (vLLM's ``TokenizerLike``: its
     vocabulary and special ids); None for an engine started without one (``skip_tokenizer_init``)."""
@@ -127,6 +136,7 @@ def tokenizer_id(tokenizer: Any) -> str | None:
 
 
 __all__ = [
+    "engine_args",
     "environment_cached",
     "keep_only_stat_logger",
     "rpc_base_path",
