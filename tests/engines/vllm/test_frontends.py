@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -34,8 +34,15 @@ from .conftest import engine_options
 
 pytestmark = pytest.mark.vllm
 
-LONG = pb.StoppingOptions(max_tokens=1000, ignore_eos=True)
-"""Seconds of work for the tiny model on a CPU: still running when the test aborts it."""
+T = TypeVar("T")
+
+CONTEXT = 16384
+LONG = pb.StoppingOptions(max_tokens=CONTEXT - 64, ignore_eos=True)
+"""Tens of seconds of work for the tiny model on a CPU: still running when a test acts on it, even while
+vLLM's CPU engine keeps the test process off the CPUs for seconds (docs/performance.md, "Streams that
+arrive at once")."""
+IN_FLIGHT_S = 60.0
+"""How long a test waits to see a LONG request in flight through the other process."""
 
 
 async def rest(call: Any) -> list[pb.GenerateResponse]:
@@ -69,7 +76,14 @@ async def frontends(
 ) -> AsyncIterator[GatewayProcess]:
     """``openengine-gateway --config plugins.toml --frontends 2`` with metrics, until the module ends."""
     directory = tmp_path_factory.mktemp("frontends")
-    options = engine_options(model=str(tiny_model), max_model_len=1024, enable_lora=True, max_lora_rank=8, max_loras=2)
+    options = engine_options(
+        model=str(tiny_model),
+        max_model_len=CONTEXT,
+        hf_overrides={"max_position_embeddings": CONTEXT},  # rotary positions: any length
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=2,
+    )
     (directory / "plugins.toml").write_text(
         '[plugins]\nallow = ["vllm"]\n\n[[engines]]\nbackend = "vllm"\nserved_model_name = "tiny"\n\n'
         + toml_table("engines.options", options)
@@ -126,13 +140,20 @@ async def test_conformance(target: Target, rule: Rule) -> None:
 
 async def abort_as_soon_as_admitted(client: OpenEngineClient, request_id: str) -> pb.AbortResponse:
     """Abort ``request_id`` through ``client`` once its process or a sibling holds it (NOT_FOUND until the
-    owner admits it): right away, before the engine can finish it however busy this machine is."""
-    while True:
+    owner admits it)."""
+
+    async def abort() -> pb.AbortResponse | None:
         try:
             return await client.stub.Abort(pb.AbortRequest(request_id=request_id))
         except grpc.aio.AioRpcError as error:
             if error.code() is not grpc.StatusCode.NOT_FOUND:
                 raise
+            return None
+
+    answer = await eventually(abort, lambda answer: answer is not None)
+    if answer is None:
+        pytest.fail(f"{request_id!r} was never found through the other process")
+    return answer
 
 
 async def test_abort_reaches_the_process_that_owns_the_stream(
@@ -158,19 +179,25 @@ async def test_load_shows_the_engine_from_either_process(pair: tuple[OpenEngineC
     call = owner.stub.Generate(generate_request("load-probe", prompt="the quick brown fox", stopping=LONG))
     await call.read()
     try:
-        for _ in range(100):  # the other process learns of the engine's running request from the owner's stats
-            if (await other.load()).running_requests >= 1:
-                break
-            await asyncio.sleep(0.05)
-        else:
+        # the other process learns of the engine's running request from the owner's stats
+        if await eventually(other.load, lambda load: load.running_requests >= 1) is None:
             pytest.fail("GetLoad on the other process never showed the running request")
     finally:
         call.cancel()
-    for _ in range(200):
-        if (await other.load()).running_requests == 0 and (await owner.load()).running_requests == 0:
-            return
+    for client in pair:
+        if await eventually(client.load, lambda load: load.running_requests == 0) is None:
+            pytest.fail("GetLoad kept showing a request after it ended")
+
+
+async def eventually(ask: Callable[[], Awaitable[T]], holds: Callable[[T], bool]) -> T | None:
+    """The first answer of ``ask`` that ``holds`` within ``IN_FLIGHT_S`` (asked every 50 ms), else None."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + IN_FLIGHT_S
+    while loop.time() < deadline:
+        if holds(answer := await ask()):
+            return answer
         await asyncio.sleep(0.05)
-    pytest.fail("GetLoad kept showing a request after it ended")
+    return None
 
 
 async def test_lora_registries_agree(
@@ -246,9 +273,10 @@ async def test_drain_through_one_process_aborts_the_others_requests(
     owner, other = pair
     call = owner.stub.Generate(generate_request("drained", prompt="the quick brown fox", stopping=LONG))
     drain = pb.DrainRequest(deadline_ms=0, abort_after_deadline=True)  # admission goes on (no stop_accepting)
-    states = await collect_drain(other, drain)
-    while states[0].in_flight_requests == 0:  # drained before the owner admitted it: again, at once
-        states = await collect_drain(other, drain)
+    # a drain before the owner admitted the request finds nothing in flight: drain again
+    states = await eventually(lambda: collect_drain(other, drain), lambda states: states[0].in_flight_requests > 0)
+    if states is None:
+        pytest.fail("no drain through the other process saw the owner's request in flight")
     assert states[0].state == pb.DRAIN_STATE_STARTED and states[0].in_flight_requests == 1, states
     assert states[-1].state == pb.DRAIN_STATE_COMPLETE and states[-1].in_flight_requests == 0, states
     responses = [response async for response in call]
