@@ -265,6 +265,10 @@ async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Fronte
 
     for signum in (signal.SIGTERM,) if frontend is not None else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+    if frontend is not None:
+        from .frontends import watch_supervisor
+
+        watch_supervisor(stop.set)
     hangup = HangupReload()
     loop.add_signal_handler(signal.SIGHUP, hangup)
     options = GatewayOptions(

@@ -12,7 +12,8 @@ its siblings (``core.peers``). The supervisor serves the metrics port, merging t
 Signals: SIGINT or SIGTERM to the supervisor drains every frontend (SIGTERM to each; a frontend
 ignores a terminal's SIGINT and waits for that), then stops the engines; a second one stops them at
 once. SIGHUP reaches every frontend (each reloads its routes). A frontend that exits on its own
-stops the rest, and the supervisor exits 1.
+stops the rest, and the supervisor exits 1. A frontend whose supervisor dies drains and exits
+(``watch_supervisor``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
@@ -111,6 +112,23 @@ def run_frontend(args: argparse.Namespace, extra: Sequence[str], frontend: Front
     except (SetupError, OSError) as exc:
         code = report_failure(exc)
     sys.exit(code)
+
+
+def watch_supervisor(on_gone: Callable[[], None]) -> None:
+    """In a frontend: call ``on_gone`` (on the running loop) once the supervisor dies. Killed outright,
+    the supervisor cannot stop its frontends, which would otherwise serve on, orphaned, until someone
+    kills them."""
+    supervisor = multiprocessing.parent_process()
+    if supervisor is None:
+        return
+    loop = asyncio.get_running_loop()
+
+    def gone() -> None:
+        loop.remove_reader(supervisor.sentinel)
+        log.warning("the supervisor (pid %s) is gone: draining, then stopping", supervisor.pid)
+        on_gone()
+
+    loop.add_reader(supervisor.sentinel, gone)
 
 
 async def supervise(
@@ -308,4 +326,4 @@ class _Supervisor:
         return 1 if self._failed else 0
 
 
-__all__ = ["Frontend", "run_frontend", "supervise"]
+__all__ = ["Frontend", "run_frontend", "supervise", "watch_supervisor"]

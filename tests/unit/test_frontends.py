@@ -1,12 +1,22 @@
-"""``--frontends``: the refusal of a backend that cannot be shared, the SPI hook, and the merged metrics page."""
+"""``--frontends``: the refusal of a backend that cannot be shared, the SPI hook, the merged metrics page, and a
+frontend outliving its supervisor."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from openengine_gateway import cli, pb
 from openengine_gateway.core.gateway import Gateway
+from openengine_gateway.frontends import watch_supervisor
 from openengine_gateway.server.merged_metrics import merge_pages
 from openengine_gateway.server.metrics import MetricsExporter
 from openengine_gateway.spi import Backend, BackendSettings, ConfigurationError, Load, SharedEngine
@@ -84,3 +94,49 @@ def test_an_unstamped_load_counts_as_oldest() -> None:
     merged = samples([page(0, 4, None, serving=True), page(0, 1, 5, serving=True)])
     assert merged[("openengine_gateway_engine_running_requests", '{"model": "m"}')] == 1
     assert merged[("openengine_gateway_serving", "{}")] == 1
+
+
+def _frontend(stopped: Path) -> None:
+    """A frontend's loop until ``watch_supervisor`` says the supervisor is gone; then it notes so (a
+    supervisor already gone when the watch begins counts alike)."""
+
+    async def until_supervisor_gone() -> None:
+        gone = asyncio.Event()
+        watch_supervisor(gone.set)
+        await gone.wait()
+
+    stopped.with_suffix(".serving").write_text(str(os.getpid()))
+    asyncio.run(until_supervisor_gone())
+    stopped.write_text("stopped")
+
+
+def _supervisor(stopped: Path) -> None:
+    frontend = multiprocessing.get_context("spawn").Process(target=_frontend, args=(stopped,))
+    frontend.start()
+    frontend.join()
+
+
+def test_a_frontend_stops_when_its_supervisor_is_killed(tmp_path: Path) -> None:
+    stopped = tmp_path / "frontend"
+    supervisor = multiprocessing.get_context("spawn").Process(target=_supervisor, args=(stopped,))
+    supervisor.start()
+    try:
+        assert wait_for(stopped.with_suffix(".serving").exists), "the frontend never started"
+        assert not stopped.exists()
+        os.kill(supervisor.pid or 0, signal.SIGKILL)  # no chance to stop its frontends itself
+        assert wait_for(stopped.exists), "the frontend kept serving without its supervisor"
+    finally:
+        supervisor.kill()
+        supervisor.join()
+        if not stopped.exists() and stopped.with_suffix(".serving").exists():  # the orphan this test proves absent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stopped.with_suffix(".serving").read_text()), signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], bool], within_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
