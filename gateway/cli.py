@@ -310,7 +310,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Fronte
         line = serving_line(names, server_options, server.port, server.metrics_port)
         print(line, flush=True)
     else:
-        peers = await frontend.serve_peers(gateway, server.metrics.registry)
+        peers = await frontend.serve_peers(gateway, reloader, server.metrics.registry)
         log.info("frontend %d of %d serving %s on %s", frontend.index + 1, frontend.count, names, server.address)
     hangup.serving(reloader)
     await stop.wait()

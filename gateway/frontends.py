@@ -44,6 +44,7 @@ from .core.gateway import Gateway, GatewayOptions
 from .engines import EngineSet
 from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import plan_engines
+from .reload import RouteReloader
 from .server.app import ServerOptions, reserved, serving_line
 from .server.merged_metrics import MergedCollector
 from .server.metrics import MetricsServer
@@ -93,9 +94,9 @@ class Frontend:
         paths = [path for index, path in enumerate(self.sockets) if index != self.index]
         return PeerClients(paths, self.token, f"frontend {self.index + 1} of {self.count}, pid {os.getpid()}")
 
-    async def serve_peers(self, gateway: Gateway, registry: CollectorRegistry) -> PeerServer:
+    async def serve_peers(self, gateway: Gateway, reloader: RouteReloader, registry: CollectorRegistry) -> PeerServer:
         """Serve ``Peers`` on this frontend's socket, then tell the supervisor it serves."""
-        server = PeerServer(gateway, registry, self.sockets[self.index], self.token)
+        server = PeerServer(gateway, reloader, registry, self.sockets[self.index], self.token)
         await server.start()
         self.ready.send(os.getpid())
         self.ready.close()

@@ -64,8 +64,9 @@ class Gateway:
         siblings: Siblings | None = None,
     ) -> None:
         """``siblings``: the other frontend processes in front of these engines (``--frontends``),
-        which Abort, Drain, LoRA and GetLoad then reach too (``peers``)."""
+        which Abort, Drain, LoRA, GetLoad and ReloadRoutes then reach too (``peers``)."""
         self.engines = engines
+        self.siblings = siblings
         self.options = options
         self.state = GatewayState()
         self.registry = RequestRegistry(

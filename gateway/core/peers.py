@@ -15,6 +15,8 @@ the whole endpoint by asking the sibling processes (``Siblings``) for their own 
   engines itself).
 * ``GetLoad``: each engine's load as the process that heard from it last reports it (a shared
   engine's figures are engine-wide; a driver stamps when it measured them).
+* ``ReloadRoutes`` (the gateway's ``Routes`` service) reloads here, then in every sibling, each from
+  the same file, so that every connection is routed alike (``server.routes_servicer``).
 
 What reaches a sibling is answered there from its own state alone, never asked further.
 """
@@ -58,6 +60,9 @@ class Siblings(Protocol):
 
     async def engine_loads(self) -> list[list[pb.LoadInfo]]:
         """Each sibling's ``DiscoveryService.engine_loads``."""
+
+    async def reload_routes(self) -> None:
+        """Reload every sibling's routes from the configuration file; raises the first sibling's refusal."""
 
 
 _RANK = {pb.ABORT_STATUS_ABORTED: 0, pb.ABORT_STATUS_ALREADY_FINISHED: 1}

@@ -5,8 +5,8 @@ supervisor's random token (``x-openengine-peer``), compared in constant time: a 
 gateway cannot reach this service. A call carries its original caller too (``x-openengine-caller``:
 the token's name and scope, never the token), so a sibling applies the same ownership rules
 (``core.callers``). What ``Peers`` answers comes from the process's own state (``core.peers``' ``*_here``
-methods), so nothing is forwarded twice. ``Metrics`` gives the supervisor this process's metrics,
-which it merges for the one metrics port (``merged_metrics``).
+methods; ``ReloadRoutes`` reloads this process's routes), so nothing is forwarded twice. ``Metrics`` gives
+the supervisor this process's metrics, which it merges for the one metrics port (``merged_metrics``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from ..core.callers import Caller, bind_caller, current_caller
 from ..core.gateway import Gateway
 from ..core.peers import PeeredDiscovery, PeeredLifecycle, PeeredLora
 from ..errors import REQUEST_ERRORS, Internal, NotFound, RequestError, Unavailable
+from ..reload import RouteReloader
+from .routes_servicer import reload_routes
 from .servicer import Context, unary
 
 log = logging.getLogger(__name__)
@@ -56,13 +58,16 @@ def _unpack_loads(data: bytes) -> list[pb.LoadInfo]:
 
 
 class PeerServer:
-    """Serves ``Peers`` for ``gateway`` (built with siblings) on ``unix:path``."""
+    """Serves ``Peers`` for ``gateway`` (built with siblings, its routes reloaded by ``reloader``) on ``unix:path``."""
 
-    def __init__(self, gateway: Gateway, registry: CollectorRegistry, path: str, token: str) -> None:
+    def __init__(
+        self, gateway: Gateway, reloader: RouteReloader, registry: CollectorRegistry, path: str, token: str
+    ) -> None:
         lifecycle, lora, discovery = gateway.lifecycle, gateway.lora, gateway.discovery
         assert isinstance(lifecycle, PeeredLifecycle) and isinstance(lora, PeeredLora)
         assert isinstance(discovery, PeeredDiscovery)
         self._gateway = gateway
+        self._reloader = reloader
         self._registry = registry
         self._token = token.encode()
         self._path = path
@@ -73,6 +78,7 @@ class PeerServer:
             "LoadLora": (lora.load_here, pb.LoadLoraRequest.FromString, pb.LoadLoraResponse.SerializeToString),
             "UnloadLora": (lora.unload_here, pb.UnloadLoraRequest.FromString, pb.UnloadLoraResponse.SerializeToString),
             "EngineLoads": (self._engine_loads, bytes, bytes),
+            "ReloadRoutes": (self._reload_routes, bytes, bytes),
             "Metrics": (self._metrics, bytes, bytes),
         }
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
@@ -129,6 +135,10 @@ class PeerServer:
         discovery = self._gateway.discovery
         assert isinstance(discovery, PeeredDiscovery)
         return _pack(await discovery.engine_loads_here())
+
+    def _reload_routes(self, _request: bytes) -> bytes:
+        reload_routes(self._reloader)
+        return b""
 
     def _metrics(self, _request: bytes) -> bytes:
         """This process's exposition, and when each engine's load it shows was measured."""
@@ -200,6 +210,9 @@ class PeerClients:
         answers = await self._each("EngineLoads", b"")
         _raise_first(answers)
         return [_unpack_loads(answer) for answer in answers if isinstance(answer, bytes)]
+
+    async def reload_routes(self) -> None:
+        _raise_first(await self._each("ReloadRoutes", b""))
 
     async def close(self) -> None:
         for channel in self._channels:

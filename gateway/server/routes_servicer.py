@@ -1,15 +1,17 @@
 """The gateway's own ``openengine_gateway.v1.Routes`` service: the routes served, and their reload.
 
 ``ReloadRoutes`` is the same reload as SIGHUP (``reload``), by the call's caller; a refused reload
-is FAILED_PRECONDITION with the reason: the request has no argument to blame, the file does.
+is FAILED_PRECONDITION with the reason: the request has no argument to blame, the file does. Behind
+``--frontends`` it reloads every frontend process (``core.peers``), where SIGHUP reaches each already.
 """
 
 from __future__ import annotations
 
 from .. import routes_pb
 from ..core.callers import current_caller
-from ..errors import ConfigurationError, FailedPrecondition
-from ..reload import RouteReloader, RouteSections
+from ..core.peers import Siblings
+from ..errors import ConfigurationError, FailedPrecondition, RequestError
+from ..reload import Reloaded, RouteReloader, RouteSections
 from .servicer import Context, unary
 
 
@@ -34,11 +36,20 @@ def route_table(routes: RouteSections) -> routes_pb.RouteTable:
     )
 
 
-class RoutesServicer(routes_pb.RoutesServicer):
-    """Serves the routes of ``reloader``'s gateway, and reloads them."""
+def reload_routes(reloader: RouteReloader) -> Reloaded:
+    """This process's reload, by the current caller; a refusal as FAILED_PRECONDITION."""
+    try:
+        return reloader.reload(current_caller())
+    except ConfigurationError as exc:
+        raise FailedPrecondition(f"routes not reloaded: {exc}") from None
 
-    def __init__(self, reloader: RouteReloader) -> None:
+
+class RoutesServicer(routes_pb.RoutesServicer):
+    """Serves the routes of ``reloader``'s gateway, and reloads them (and the ``siblings``' routes)."""
+
+    def __init__(self, reloader: RouteReloader, siblings: Siblings | None = None) -> None:
         self._reloader = reloader
+        self._siblings = siblings
 
     async def GetRoutes(self, request: routes_pb.GetRoutesRequest, context: Context) -> routes_pb.RouteTable:
         return await unary(context, lambda _request: route_table(self._reloader.gateway.routes), request)
@@ -46,14 +57,18 @@ class RoutesServicer(routes_pb.RoutesServicer):
     async def ReloadRoutes(
         self, request: routes_pb.ReloadRoutesRequest, context: Context
     ) -> routes_pb.ReloadRoutesResponse:
-        return await unary(context, self._reload, request)
+        return await unary(context, self.reload, request)
 
-    def _reload(self, _request: routes_pb.ReloadRoutesRequest) -> routes_pb.ReloadRoutesResponse:
-        try:
-            reloaded = self._reloader.reload(current_caller())
-        except ConfigurationError as exc:
-            raise FailedPrecondition(f"routes not reloaded: {exc}") from None
+    async def reload(self, _request: routes_pb.ReloadRoutesRequest) -> routes_pb.ReloadRoutesResponse:
+        """Reload here, then in every sibling; a sibling's refusal is this call's error, saying so."""
+        reloaded = reload_routes(self._reloader)
+        if self._siblings is not None:
+            try:
+                await self._siblings.reload_routes()
+            except RequestError as error:  # the same kind of error, saying where the routes did change
+                message = f"routes reloaded in {self._siblings.here}, not in every frontend: {error.message}"
+                raise type(error)(message, retry_after_ms=error.retry_after_ms) from None
         return routes_pb.ReloadRoutesResponse(routes=route_table(reloaded.routes), changes=reloaded.changes)
 
 
-__all__ = ["RoutesServicer", "route_table"]
+__all__ = ["RoutesServicer", "reload_routes", "route_table"]

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from openengine_gateway import pb
+from openengine_gateway import pb, routes_pb
+from openengine_gateway.config import Config
 from openengine_gateway.core.callers import Caller, bind_caller
 from openengine_gateway.core.gateway import Gateway
 from openengine_gateway.core.peers import freshest, merged_abort, merged_drains
 from openengine_gateway.core.registry import ActiveRequest
-from openengine_gateway.errors import NotFound, Unavailable
+from openengine_gateway.errors import FailedPrecondition, NotFound, Unavailable
+from openengine_gateway.reload import RouteReloader
 from openengine_gateway.server.peers import SERVICE, PeerClients, PeerServer
+from openengine_gateway.server.routes_servicer import RoutesServicer
 from openengine_gateway.spi import Load
 from prometheus_client import CollectorRegistry
 
@@ -28,14 +31,15 @@ TOKEN = "supervisor-secret"
 
 
 class Frontend:
-    """One gateway of the pair, its fake engine and its ``Peers`` server."""
+    """One gateway of the pair, its fake engine, its routes from ``config`` and its ``Peers`` server."""
 
-    def __init__(self, index: int, sockets: list[str]) -> None:
+    def __init__(self, index: int, sockets: list[str], config: Path) -> None:
         self.backend = FakeBackend(model=pb.ModelInfo(supports_lora=True))
         self.siblings = PeerClients([sockets[1 - index]], TOKEN, f"frontend {index + 1} of 2")
         self.gateway = Gateway(engine_set(self.backend), siblings=self.siblings)
         self.gateway.state.started = True
-        self.server = PeerServer(self.gateway, CollectorRegistry(), sockets[index], TOKEN)
+        self.reloader = RouteReloader(self.gateway, config, Config(), command_line=True)
+        self.server = PeerServer(self.gateway, self.reloader, CollectorRegistry(), sockets[index], TOKEN)
 
     def admit(self, request_id: str, *, owner: str | None = None, session: str | None = None) -> ActiveRequest:
         """A request in flight here that ends when stopped, as the generation service's does."""
@@ -49,7 +53,9 @@ class Frontend:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[tuple[Frontend, Frontend]]:
     sockets = [str(tmp_path / f"frontend-{index}.sock") for index in range(2)]
-    frontends = (Frontend(0, sockets), Frontend(1, sockets))
+    config = tmp_path / "plugins.toml"
+    config.write_text("")
+    frontends = (Frontend(0, sockets, config), Frontend(1, sockets, config))
     for frontend in frontends:
         await frontend.server.start()
     yield frontends
@@ -140,6 +146,23 @@ async def test_lora_loads_and_unloads_in_every_process(pair: tuple[Frontend, Fro
     await there.gateway.lora.unload(pb.UnloadLoraRequest(lora_name="a"))
     assert here.gateway.lora.list(pb.ListLorasRequest()).adapters == []
     assert len(here.backend.unloaded_loras) == 1
+
+
+async def test_reload_routes_reloads_every_process(pair: tuple[Frontend, Frontend], tmp_path: Path) -> None:
+    here, there = pair
+    (tmp_path / "plugins.toml").write_text('[[splits]]\nname = "all-of-m"\nengines = { m = 1 }\n')
+    reloaded = await RoutesServicer(here.reloader, here.siblings).reload(routes_pb.ReloadRoutesRequest())
+    assert [split.name for split in reloaded.routes.splits] == ["all-of-m"]
+    assert [split.name for split in there.gateway.routes.splits] == ["all-of-m"]
+
+
+async def test_a_sibling_refusing_the_reload_is_reported(pair: tuple[Frontend, Frontend], tmp_path: Path) -> None:
+    here, there = pair
+    (tmp_path / "plugins.toml").write_text('[[splits]]\nname = "all-of-m"\nengines = { m = 1 }\n')
+    there.reloader = RouteReloader(there.gateway, None, Config(), command_line=True)  # started without the file
+    there.server._reloader = there.reloader
+    with pytest.raises(FailedPrecondition, match="reloaded in frontend 1 of 2, not in every frontend"):
+        await RoutesServicer(here.reloader, here.siblings).reload(routes_pb.ReloadRoutesRequest())
 
 
 async def test_load_is_the_freshest_of_the_processes(pair: tuple[Frontend, Frontend]) -> None:

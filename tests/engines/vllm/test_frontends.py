@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("openengine_gateway.conformance.checks")
 
-from openengine_gateway import pb
+from openengine_gateway import pb, routes_pb
 from openengine_gateway.client import OpenEngineClient
 from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
 from openengine_gateway.conformance.testing import assert_conforms
@@ -265,6 +265,24 @@ async def test_metrics_count_every_process(metrics_port: int, pair: tuple[OpenEn
     assert after[key] - before == 2  # one call counted by each process, summed
     assert after["openengine_gateway_serving{}"] == 1
     assert after["openengine_gateway_in_flight_requests{}"] == 0
+
+
+async def test_reload_routes_reaches_every_process(
+    frontends: GatewayProcess, pair: tuple[OpenEngineClient, OpenEngineClient]
+) -> None:
+    owner, other = pair
+    config = frontends.log.parent / "plugins.toml"
+    served = config.read_text()
+    config.write_text(served + '\n[[splits]]\nname = "tiny-split"\nengines = { tiny = 1 }\n')
+    try:
+        reloaded = await routes_pb.RoutesStub(owner.channel).ReloadRoutes(routes_pb.ReloadRoutesRequest())
+        assert [split.name for split in reloaded.routes.splits] == ["tiny-split"]
+        routes = await routes_pb.RoutesStub(other.channel).GetRoutes(routes_pb.GetRoutesRequest())
+        assert [split.name for split in routes.splits] == ["tiny-split"]
+    finally:
+        config.write_text(served)
+        await routes_pb.RoutesStub(other.channel).ReloadRoutes(routes_pb.ReloadRoutesRequest())
+    assert not (await routes_pb.RoutesStub(owner.channel).GetRoutes(routes_pb.GetRoutesRequest())).splits
 
 
 async def test_drain_through_one_process_aborts_the_others_requests(
