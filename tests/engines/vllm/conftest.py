@@ -19,6 +19,13 @@ from tests.engines.streams import MODEL, free_port
 if TYPE_CHECKING:
     from .reference import Reference
 
+CONTEXT = 8192
+"""The engines' context (the tiny model's rotary positions stretch to any length)."""
+LONG = pb.StoppingOptions(max_tokens=CONTEXT - 256, ignore_eos=True)
+"""Tens of seconds of work for the tiny model on a CPU: still running when a test acts on it, even after vLLM's
+CPU engine has kept the test process off the CPUs for seconds (docs/performance.md, "Streams that arrive at
+once"), which a request of a few hundred tokens did not survive."""
+
 
 def engine_options(**overrides: Any) -> dict[str, Any]:
     """vLLM engine arguments for the tiny model: fp32, eager, small KV cache, every feature on but LoRA
@@ -26,7 +33,8 @@ def engine_options(**overrides: Any) -> dict[str, Any]:
     options: dict[str, Any] = {
         "enforce_eager": True,
         "dtype": "float32",
-        "max_model_len": 512,
+        "max_model_len": CONTEXT,
+        "hf_overrides": {"max_position_embeddings": CONTEXT},
         "max_logprobs": -1,
         "block_size": 32,
         "kv_cache_memory_bytes": 256 << 20,

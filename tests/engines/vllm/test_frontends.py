@@ -30,17 +30,12 @@ from tests.engines.streams import MODEL, free_port, generate_request
 from tests.process import GatewayProcess, gateway_process
 from tests.responses import finished
 
-from .conftest import engine_options
+from .conftest import LONG, engine_options
 
 pytestmark = pytest.mark.vllm
 
 T = TypeVar("T")
 
-CONTEXT = 16384
-LONG = pb.StoppingOptions(max_tokens=CONTEXT - 64, ignore_eos=True)
-"""Tens of seconds of work for the tiny model on a CPU: still running when a test acts on it, even while
-vLLM's CPU engine keeps the test process off the CPUs for seconds (docs/performance.md, "Streams that
-arrive at once")."""
 IN_FLIGHT_S = 60.0
 """How long a test waits to see a LONG request in flight through the other process."""
 
@@ -76,14 +71,7 @@ async def frontends(
 ) -> AsyncIterator[GatewayProcess]:
     """``openengine-gateway --config plugins.toml --frontends 2`` with metrics, until the module ends."""
     directory = tmp_path_factory.mktemp("frontends")
-    options = engine_options(
-        model=str(tiny_model),
-        max_model_len=CONTEXT,
-        hf_overrides={"max_position_embeddings": CONTEXT},  # rotary positions: any length
-        enable_lora=True,
-        max_lora_rank=8,
-        max_loras=2,
-    )
+    options = engine_options(model=str(tiny_model), enable_lora=True, max_lora_rank=8, max_loras=2)
     (directory / "plugins.toml").write_text(
         '[plugins]\nallow = ["vllm"]\n\n[[engines]]\nbackend = "vllm"\nserved_model_name = "tiny"\n\n'
         + toml_table("engines.options", options)

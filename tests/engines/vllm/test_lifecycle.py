@@ -17,11 +17,10 @@ from openengine_gateway.testing import RunningGateway
 from tests.engines.streams import MODEL, generate_request
 from tests.responses import collect, finished, tokens
 
+from .conftest import CONTEXT, LONG
 from .reference import Reference
 
 pytestmark = pytest.mark.vllm
-
-LONG = pb.StoppingOptions(max_tokens=400, ignore_eos=True)
 
 
 async def test_discovery_reports_the_started_engine(gateway: RunningGateway, stub: pb.OpenEngineStub) -> None:
@@ -29,7 +28,7 @@ async def test_discovery_reports_the_started_engine(gateway: RunningGateway, stu
     assert (engine.engine_name, engine.engine_version) == ("vllm", "0.32.0")
     assert engine.role == pb.ENGINE_ROLE_AGGREGATED and engine.parallelism.data_parallel_size == 1
     info = await stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
-    assert info.max_context_length == 512 and info.kv_block_size == 32
+    assert info.max_context_length == CONTEXT and info.kv_block_size == 32
     assert info.total_kv_blocks > 0 and info.max_running_requests > 0 and info.max_batched_tokens > 0
     assert info.HasField("supports_lora") and not info.supports_lora, "test_lora runs a LoRA-enabled engine"
     assert info.generation.supports_priority
@@ -82,8 +81,8 @@ async def expect_status(call: object, code: grpc.StatusCode, match: str = "") ->
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
-        ({"prompt": "x" * 600}, "context"),
-        ({"prompt": [0, 1, 2], "stopping": pb.StoppingOptions(max_tokens=510)}, "exceeds the context"),
+        ({"prompt": "x" * (CONTEXT + 88)}, "context"),  # a token per x
+        ({"prompt": [0, 1, 2], "stopping": pb.StoppingOptions(max_tokens=CONTEXT - 2)}, "exceeds the context"),
         ({"prompt": [0, 9999]}, "vocabulary"),
         ({"prompt": "hi", "guided": pb.GuidedDecoding(regex="a", backend="outlines")}, "per engine"),
         ({"prompt": "hi", "sampling": pb.SamplingParams(temperature=0.0, num_sequences=2)}, "temperature"),
@@ -146,7 +145,7 @@ async def test_abort_reaches_the_engine(gateway: RunningGateway, stub: pb.OpenEn
     while (response := await call.read()) is not grpc.aio.EOF:
         responses.append(response)
     assert finished(responses)[0].reason == pb.FINISH_REASON_CANCELLED
-    assert len(tokens(responses)) < 400
+    assert len(tokens(responses)) < LONG.max_tokens
 
     async def drained() -> bool:
         return engine_requests(gateway) == 0
@@ -187,8 +186,7 @@ async def test_client_cancellation_reaches_the_engine(gateway: RunningGateway, s
 
 
 async def test_load_counts_running_requests_and_kv_blocks(stub: pb.OpenEngineStub) -> None:
-    stopping = pb.StoppingOptions(max_tokens=300, ignore_eos=True)
-    call = stub.Generate(generate_request("loaded", prompt="hello " * 40, stopping=stopping))
+    call = stub.Generate(generate_request("loaded", prompt="hello " * 40, stopping=LONG))
     await call.read()
 
     async def busy() -> bool:

@@ -16,7 +16,7 @@ from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.responses import collect
 
-from .conftest import engine_options
+from .conftest import CONTEXT, engine_options
 from .reference import TOLERANCE, Reference
 
 pytestmark = pytest.mark.vllm
@@ -113,7 +113,7 @@ async def test_unsupported_options_and_generation_are_rejected(embedder: Running
 @pytest.mark.parametrize(
     "item",
     [
-        pb.TaskInput(item_id="long", token_ids=pb.TokenIds(ids=[5] * 600)),
+        pb.TaskInput(item_id="long", token_ids=pb.TokenIds(ids=[5] * (CONTEXT + 88))),
         pb.TaskInput(item_id="oov", token_ids=pb.TokenIds(ids=[5, 99_999])),
     ],
     ids=["longer-than-the-context", "out-of-vocabulary"],
