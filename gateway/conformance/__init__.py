@@ -26,7 +26,7 @@ from .kit import (
     run_rule,
     run_rules,
 )
-from .testing import assert_conforms, in_process_target
+from .testing import assert_conforms, in_process_target, target_at
 
 __all__ = [
     "RULES",
@@ -44,4 +44,5 @@ __all__ = [
     "rule",
     "run_rule",
     "run_rules",
+    "target_at",
 ]

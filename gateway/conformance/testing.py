@@ -18,10 +18,20 @@ async def in_process_target(
     backend: Backend[Any], *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
 ) -> AsyncIterator[Target]:
     """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it."""
-    async with serve_backends([(model, backend)], options=options) as running:
-        client = await OpenEngineClient.connect(running.address)
-        async with client:
-            yield await Target.open(client, model, timeout_s=timeout_s)
+    async with (
+        serve_backends([(model, backend)], options=options) as running,
+        target_at(running.address, model, timeout_s=timeout_s) as target,
+    ):
+        yield target
+
+
+@contextlib.asynccontextmanager
+async def target_at(address: str, model: str = "", *, timeout_s: float = 60.0) -> AsyncIterator[Target]:
+    """A ``Target`` for ``model`` (default: the first served) of the gateway serving at ``address``, on a
+    client of its own, closed on exit."""
+    client = await OpenEngineClient.connect(address)
+    async with client:
+        yield await Target.open(client, model, timeout_s=timeout_s)
 
 
 def assert_conforms(result: Result) -> None:
@@ -34,4 +44,4 @@ def assert_conforms(result: Result) -> None:
         pytest.fail(f"{result.rule.id}: {result.message}\n  rule: {result.rule.text}", pytrace=False)
 
 
-__all__ = ["assert_conforms", "in_process_target"]
+__all__ = ["assert_conforms", "in_process_target", "target_at"]

@@ -12,8 +12,7 @@ import pytest
 
 pytest.importorskip("tensorrt_llm")
 
-from openengine_gateway.client import OpenEngineClient
-from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, run_rule
+from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, run_rule, target_at
 from openengine_gateway.testing import RunningGateway
 
 from tests.engines.streams import MODEL
@@ -24,9 +23,8 @@ pytestmark = pytest.mark.trtllm
 @pytest.fixture(scope="module")
 async def target(gateway: RunningGateway) -> AsyncIterator[Target]:
     """The session's TensorRT-LLM engine as a conformance target."""
-    client = await OpenEngineClient.connect(gateway.address)
-    async with client:
-        yield await Target.open(client, MODEL)
+    async with target_at(gateway.address, MODEL) as target:
+        yield target
 
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda rule: rule.id)

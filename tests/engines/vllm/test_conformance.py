@@ -13,9 +13,8 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("openengine_gateway.conformance.checks")
 
-from openengine_gateway.client import OpenEngineClient
 from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
-from openengine_gateway.conformance.testing import assert_conforms
+from openengine_gateway.conformance.testing import assert_conforms, target_at
 from openengine_gateway.testing import RunningGateway
 
 from tests.engines.streams import MODEL
@@ -26,9 +25,8 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 async def target(gateway: RunningGateway) -> AsyncIterator[Target]:
     """The session's vLLM engine as a conformance target."""
-    client = await OpenEngineClient.connect(gateway.address)
-    async with client:
-        yield await Target.open(client, MODEL)
+    async with target_at(gateway.address, MODEL) as target:
+        yield target
 
 
 @pytest.mark.parametrize(

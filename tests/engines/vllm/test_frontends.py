@@ -24,7 +24,7 @@ pytest.importorskip("openengine_gateway.conformance.checks")
 from openengine_gateway import pb, routes_pb
 from openengine_gateway.client import OpenEngineClient
 from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
-from openengine_gateway.conformance.testing import assert_conforms
+from openengine_gateway.conformance.testing import assert_conforms, target_at
 
 from tests.engines.streams import MODEL, free_port, generate_request
 from tests.process import GatewayProcess, gateway_process
@@ -116,9 +116,8 @@ async def pair(frontends: GatewayProcess) -> AsyncIterator[tuple[OpenEngineClien
 
 @pytest.fixture(scope="module")
 async def target(frontends: GatewayProcess) -> AsyncIterator[Target]:
-    client = await OpenEngineClient.connect(frontends.address)
-    async with client:
-        yield await Target.open(client, MODEL)
+    async with target_at(frontends.address, MODEL) as target:
+        yield target
 
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda rule: rule.id)

@@ -18,9 +18,8 @@ pytest.importorskip("vllm")
 pytest.importorskip("openengine_gateway.conformance.checks")
 
 from openengine_gateway import pb
-from openengine_gateway.client import OpenEngineClient
 from openengine_gateway.conformance.kit import Rule, Target, all_rules, run_rule
-from openengine_gateway.conformance.testing import assert_conforms
+from openengine_gateway.conformance.testing import assert_conforms, target_at
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.engines.streams import MODEL, generate_request
@@ -53,9 +52,8 @@ def stub(lora_gateway: RunningGateway) -> pb.OpenEngineStub:
 @pytest.fixture(scope="module")
 async def target(lora_gateway: RunningGateway) -> AsyncIterator[Target]:
     """The LoRA engine as a conformance target."""
-    client = await OpenEngineClient.connect(lora_gateway.address)
-    async with client:
-        yield await Target.open(client, MODEL)
+    async with target_at(lora_gateway.address, MODEL) as target:
+        yield target
 
 
 async def test_lora_load_generate_list_unload(
