@@ -16,6 +16,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+CANCEL_AGAIN_S = 0.1
+"""How long ``stop`` waits for cancelled tasks before it cancels those still running again."""
+
 
 class BackgroundTasks:
     """The tasks a driver runs beside its requests; ``stop`` cancels and awaits them.
@@ -53,11 +56,17 @@ class BackgroundTasks:
                 self._on_failure(what, exc)
 
     async def stop(self) -> None:
-        """Cancel every task still running and wait until each has ended."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel every task still running and wait until each has ended.
+
+        A task is cancelled again while it runs on: on Python 3.11 ``asyncio.wait_for`` returns the
+        result, swallowing the cancellation, when what it waits for completes at the same moment
+        (fixed in 3.12), and engines' own readers wait that way (TensorRT-LLM's ``IterationResult``,
+        a statistics queue read with a timeout). Seen on a loaded CI machine: a stop waited forever.
+        """
+        while running := [task for task in self._tasks if not task.done()]:
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running, timeout=CANCEL_AGAIN_S)
 
 
 __all__ = ["BackgroundTasks"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -45,6 +46,21 @@ async def test_background_tasks_log_failures_and_stop_cancels_the_rest(caplog: p
     assert len(tasks) == 1
     await tasks.stop()
     assert forever.cancelled() and len(tasks) == 0 and failures == ["the failing reader: boom"]
+
+
+async def test_stop_ends_a_task_that_swallowed_its_cancellation() -> None:
+    """Python 3.11's ``wait_for`` returns a result that arrives with the cancellation, dropping the latter."""
+    tasks = BackgroundTasks()
+
+    async def reader() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # as wait_for does when an entry and the cancel meet
+            await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # reads on
+
+    task = tasks.spawn(reader(), "a statistics reader")
+    await asyncio.sleep(0)
+    await asyncio.wait_for(tasks.stop(), 5)
+    assert task.done() and len(tasks) == 0
 
 
 def test_a_request_naming_an_adapter_finds_its_handle_or_not_found() -> None:
