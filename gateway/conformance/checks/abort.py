@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 
 import grpc
 
@@ -32,6 +33,22 @@ async def abort_request(target: Target, request: pb.AbortRequest) -> pb.AbortRes
         if error.code == grpc.StatusCode.UNIMPLEMENTED:
             raise NotApplicable("the engine does not support abort (UNIMPLEMENTED)") from None
         raise
+
+
+async def still_running(target: Target, request_id: str, rest: Awaitable[Stream]) -> bool:
+    """Whether the gateway still runs ``request_id``: an Abort that finds it ABORTED says so; then ``rest``
+    (its stream's reading) is awaited to the end, whatever status the stream ends with.
+
+    A check that saw the gateway act as if a request it opened had ended asks this before failing: the
+    client may not have read the stream's end yet (its last messages queue behind a later answer while
+    the client waits for a CPU). A request found finished, or forgotten, leaves the order unknown."""
+    try:
+        aborted = await target.client.abort(pb.AbortRequest(request_id=request_id), timeout_s=target.timeout_s)
+    except StatusError:  # NOT_FOUND once forgotten; UNIMPLEMENTED where an engine cannot abort
+        aborted = None
+    with contextlib.suppress(StatusError):
+        await rest
+    return aborted is not None and aborted.status == pb.ABORT_STATUS_ABORTED
 
 
 def cancelled_cleanly(stream: Stream, outputs: int = 1) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 
 from ... import pb
-from ..kit import CheckFailed, Target, rule
+from ..kit import CheckFailed, NotApplicable, Target, rule
 from ..observe import advertised, denied, present
-from .abort import abort_request
+from .abort import abort_request, still_running
 
 SECTION = "Non-generative task API"
 TASKS = ("embed", "classify", "score")
@@ -317,11 +317,16 @@ async def shared_request_ids(target: Target) -> None:
         for task, caps in supported:
             duplicate = build(target, task, caps)
             duplicate.context.request_id = request.request_id
-            await target.expect_status(
-                call(target, task)(duplicate),
-                grpc.StatusCode.ALREADY_EXISTS,
-                what=f"{task} reusing the request_id of an in-flight Generate",
-            )
+            try:
+                await target.expect_status(
+                    call(target, task)(duplicate),
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    what=f"{task} reusing the request_id of an in-flight Generate",
+                )
+            except CheckFailed:
+                if await still_running(target, request.request_id, held.rest()):
+                    raise
+                raise NotApplicable(f"the long request ended about when the {task} reusing its id arrived") from None
     finally:
         held.cancel()
 
