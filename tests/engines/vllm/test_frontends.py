@@ -168,7 +168,9 @@ async def test_load_shows_the_engine_from_either_process(pair: tuple[OpenEngineC
     try:
         # the other process learns of the engine's running request from the owner's stats
         if await eventually(other.load, lambda load: load.running_requests >= 1) is None:
-            pytest.fail("GetLoad on the other process never showed the running request")
+            answers = {name: await client.load() for name, client in (("owner", owner), ("other", other))}
+            seen = {name: (load.running_requests, load.timestamp_unix_nanos) for name, load in answers.items()}
+            pytest.fail(f"GetLoad on the other process never showed the running request: (running, stamp) {seen}")
     finally:
         call.cancel()
     for client in pair:
