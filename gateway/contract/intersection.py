@@ -27,6 +27,7 @@ class Rule(enum.Enum):
 
     CALLER = "left empty: the caller fills it in"
     SMALLEST = "the smallest value reported; absent when none is"
+    CAPACITY = "the smallest value when every engine reports one; absent when any does not"
     COMMON = "the value every engine reports alike; absent (or empty) otherwise"
     ALL = "False when any engine reports False, True when all report True; absent (unknown) otherwise"
     SHARED = "the entries every engine lists, in the first engine's order"
@@ -39,9 +40,9 @@ RULES: Mapping[str, Rule] = {
     "max_context_length": Rule.SMALLEST,
     "max_output_tokens": Rule.SMALLEST,
     "kv_block_size": Rule.COMMON,
-    "total_kv_blocks": Rule.SMALLEST,
-    "max_running_requests": Rule.SMALLEST,
-    "max_batched_tokens": Rule.SMALLEST,
+    "total_kv_blocks": Rule.CAPACITY,
+    "max_running_requests": Rule.CAPACITY,
+    "max_batched_tokens": Rule.CAPACITY,
     "tokenizer_modes": Rule.SHARED,
     "supports_text_input": Rule.ALL,
     "supports_token_ids_input": Rule.ALL,
@@ -101,7 +102,12 @@ RULES: Mapping[str, Rule] = {
 }
 """The rule of every non-message field of ``ModelInfo``, by dotted path. A message field has no
 rule: it is present when any engine's is, and its fields follow theirs, a missing one read as
-every field unreported."""
+every field unreported.
+
+A limit the gateway enforces (``SMALLEST``) is the tightest any engine reports: what an engine
+does not report it does not refuse for. A capacity (``CAPACITY``: KV blocks, running requests,
+batched tokens) describes each engine, so the split reports one only when it can vouch for
+every engine, like ``kv_block_size`` (``COMMON``)."""
 
 TOKEN_ID_CAPABILITIES: Mapping[str, int | None] = {
     "supports_token_ids_input": None,
@@ -159,8 +165,10 @@ def _intersect(target: Message, sources: Sequence[Message | None], prefix: str) 
 def _merge(rule: Rule, values: Sequence[object]) -> object:
     """One field's value for the split (``None``: absent) from each engine's (``None``: unreported)."""
     reported = [value for value in values if value is not None]
-    if rule is Rule.SMALLEST:
+    if rule is Rule.SMALLEST or (rule is Rule.CAPACITY and len(reported) == len(values)):
         return min(reported) if reported else None  # type: ignore[type-var]  # numbers, by RULES
+    if rule is Rule.CAPACITY:
+        return None
     if rule is Rule.COMMON:
         return values[0] if len(reported) == len(values) and all(v == values[0] for v in values) else None
     if False in reported:  # Rule.ALL

@@ -51,7 +51,7 @@ def test_lists_are_shared_and_only_lists_are() -> None:
     for path, rule in RULES.items():
         if rule is not Rule.CALLER:
             assert (rule is Rule.SHARED) == FIELDS[path].is_repeated, path
-        if rule in (Rule.SMALLEST, Rule.COMMON, Rule.ALL):
+        if rule in (Rule.SMALLEST, Rule.CAPACITY, Rule.COMMON, Rule.ALL):
             assert FIELDS[path].has_presence or FIELDS[path].type == FieldDescriptor.TYPE_STRING, path
         if rule is Rule.ALL:
             assert FIELDS[path].type == FieldDescriptor.TYPE_BOOL, path
@@ -84,10 +84,25 @@ def test_limits_are_the_smallest_reported() -> None:
     b.generation.max_num_sequences = 4
     result = both(a, b)
     assert (result.max_context_length, result.max_output_tokens) == (2048, 100)
-    assert (result.total_kv_blocks, result.max_batched_tokens) == (10, 64), "one engine's report is the smallest"
     assert result.generation.output_logprobs.max_top_n == 5 and result.generation.max_num_sequences == 4
     assert result.tasks.score.max_groups == 8
-    assert not result.HasField("max_running_requests") and not result.generation.prompt_logprobs.HasField("max_top_n")
+    assert not result.generation.prompt_logprobs.HasField("max_top_n")
+
+
+CAPACITIES = ["kv_block_size", "total_kv_blocks", "max_running_requests", "max_batched_tokens"]
+
+
+@pytest.mark.parametrize("name", CAPACITIES)
+def test_a_capacity_is_absent_unless_every_engine_reports_it(name: str) -> None:
+    reported, unreported = pb.ModelInfo(**{name: 16}), pb.ModelInfo()
+    assert not both(reported, unreported).HasField(name), "one engine's capacity is not the split's"
+    assert not both(unreported, reported).HasField(name)
+    assert getattr(both(reported, pb.ModelInfo(**{name: 16})), name) == 16
+
+
+@pytest.mark.parametrize("name", CAPACITIES[1:])
+def test_a_capacity_every_engine_reports_is_the_smallest(name: str) -> None:
+    assert getattr(both(pb.ModelInfo(**{name: 64}), pb.ModelInfo(**{name: 8})), name) == 8
 
 
 def test_other_values_only_when_every_engine_agrees() -> None:
