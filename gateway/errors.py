@@ -24,6 +24,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from google.protobuf.descriptor import EnumDescriptor
+
 from . import pb
 
 
@@ -57,6 +59,13 @@ def clip(value: str, keep: int = ECHO_CHARS) -> str:
     if len(value) <= keep:
         return repr(value)
     return f"{value[:keep]!r}... ({len(value)} characters)"
+
+
+def enum_name(enum: EnumDescriptor, value: int) -> str:
+    """An enum value as a message names it: its name (``TASK_OUTPUT_GRANULARITY_TOKEN``), or its
+    number when the enum has no such value."""
+    known = enum.values_by_number.get(value)
+    return known.name if known is not None else str(value)
 
 
 def bounded_message(message: str) -> str:
@@ -330,5 +339,6 @@ __all__ = [
     "as_status_error",
     "bounded_message",
     "clip",
+    "enum_name",
     "internal_failure",
 ]

@@ -19,7 +19,7 @@ as the terminal ``ERROR_CODE_INTERNAL`` error instead of sending a malformed str
 from __future__ import annotations
 
 from .. import pb
-from ..errors import EngineFailure
+from ..errors import EngineFailure, enum_name
 from ..spi.events import (
     GenerationEvent,
     OutputFinished,
@@ -163,7 +163,8 @@ class GenerateEncoder:
     def _finish(self, event: OutputFinished, *, usage_required: bool = True) -> pb.GenerateResponse:
         self._check_index(event.index)
         if event.reason not in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_CANCELLED):
-            raise ContractViolation(f"finish reason {event.reason} is not STOP, LENGTH or CANCELLED")
+            reason = enum_name(pb.FinishReason.DESCRIPTOR, event.reason)
+            raise ContractViolation(f"finish reason {reason} is not STOP, LENGTH or CANCELLED")
         finished = pb.GenerationFinished(output_index=event.index, reason=event.reason, message=event.message)
         if event.reason == pb.FINISH_REASON_STOP:
             if event.stop is None:

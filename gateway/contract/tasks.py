@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 from google.protobuf.message import Message
 
 from .. import pb
-from ..errors import FailedPrecondition, InvalidArgument, clip
+from ..errors import FailedPrecondition, InvalidArgument, clip, enum_name
 from ..spi.requests import (
     ClassifyCall,
     EmbedCall,
@@ -150,7 +150,8 @@ def _explicit(message: Message, field: str, advertised: Container[_Enum], what: 
     if value == 0:
         return None
     if value not in advertised:
-        raise InvalidArgument(f"{what} {value} is not advertised for this model")
+        name = enum_name(message.DESCRIPTOR.fields_by_name[field].enum_type, value)
+        raise InvalidArgument(f"{what} {name} is not advertised for this model")
     return value
 
 
@@ -230,7 +231,8 @@ def parse_score(request: pb.ScoreRequest, model: pb.ModelInfo) -> ScoreCall:
     semantics = _explicit(options, "output_semantics", caps.semantics, "output_semantics")
     normalization = options.normalization
     if normalization not in (pb.SCORE_NORMALIZATION_UNSPECIFIED, *caps.normalizations):
-        raise InvalidArgument(f"normalization {normalization} is not advertised for this model")
+        name = enum_name(pb.ScoreNormalization.DESCRIPTOR, normalization)
+        raise InvalidArgument(f"normalization {name} is not advertised for this model")
     labels = tuple(options.label_token_ids)
     if labels:
         if len(set(labels)) != len(labels):

@@ -225,9 +225,9 @@ def test_explicit_embed_options() -> None:
 @pytest.mark.parametrize(
     ("caps", "options", "match"),
     [
-        (pb.EmbedCapabilities(supported=True, granularities=[SEQ]), {"granularity": TOK}, "granularity 2"),
-        (pb.EmbedCapabilities(supported=True), {"granularity": SEQ}, "granularity 1"),
-        (pb.EmbedCapabilities(supported=True, encodings=[DENSE]), {"encoding": SPARSE}, "encoding 2"),
+        (pb.EmbedCapabilities(supported=True, granularities=[SEQ]), {"granularity": TOK}, "GRANULARITY_TOKEN is"),
+        (pb.EmbedCapabilities(supported=True), {"granularity": SEQ}, "GRANULARITY_SEQUENCE is"),
+        (pb.EmbedCapabilities(supported=True, encodings=[DENSE]), {"encoding": SPARSE}, "EMBEDDING_ENCODING_SPARSE is"),
         (pb.EmbedCapabilities(supported=True), {"normalize": True}, "normalization"),
         (pb.EmbedCapabilities(supported=True, supports_normalization=False), {"normalize": False}, "normalization"),
         (EMBED, {"dimensions": 0}, "greater than zero"),
@@ -238,6 +238,11 @@ def test_explicit_embed_options() -> None:
 def test_embed_option_rejections(caps: pb.EmbedCapabilities, options: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
         rules.parse_embed(embed_request(**options), with_tasks(embed=caps))
+
+
+def test_an_unknown_enum_value_is_named_by_its_number() -> None:
+    with pytest.raises(InvalidArgument, match="granularity 99 is not advertised"):
+        rules.parse_embed(embed_request(granularity=99), MODEL)
 
 
 def test_dimensions_without_a_fixed_native_dimension() -> None:
@@ -251,7 +256,7 @@ def test_dimensions_without_a_fixed_native_dimension() -> None:
 def test_classify_options() -> None:
     call = rules.parse_classify(classify_request(granularity=TOK, output_semantics=PROBS), MODEL)
     assert (call.granularity, call.semantics) == (TOK, PROBS)
-    with pytest.raises(InvalidArgument, match="output_semantics 3"):
+    with pytest.raises(InvalidArgument, match="output_semantics TASK_VALUE_SEMANTICS_LOG_PROBABILITIES is"):
         rules.parse_classify(classify_request(output_semantics=pb.TASK_VALUE_SEMANTICS_LOG_PROBABILITIES), MODEL)
     assert rules.parse_classify(classify_request(), MODEL).semantics is None
 
@@ -285,11 +290,11 @@ def test_score_call() -> None:
         (score_request(group("g", "a", "a")), "duplicate item_id 'a' in groups"),
         (score_request(group("g"), group("g")), "duplicate group_id 'g'"),
         (score_request(pb.ScoreGroup(group_id="g", query=text(""), candidates=[text("c")])), "query.item_id"),
-        (score_request(normalization=pb.SCORE_NORMALIZATION_SOFTMAX), "normalization 2"),
+        (score_request(normalization=pb.SCORE_NORMALIZATION_SOFTMAX), "normalization SCORE_NORMALIZATION_SOFTMAX is"),
         (score_request(label_token_ids=[1, 1]), "duplicates"),
         (score_request(label_token_ids=[1, 2, 3]), "exceed the advertised maximum"),
-        (score_request(output_semantics=LOGITS), "output_semantics 1"),
-        (score_request(granularity=TOK), "granularity 2"),
+        (score_request(output_semantics=LOGITS), "output_semantics TASK_VALUE_SEMANTICS_LOGITS is"),
+        (score_request(granularity=TOK), "granularity TASK_OUTPUT_GRANULARITY_TOKEN is"),
     ],
 )
 def test_score_rejections(request_: pb.ScoreRequest, match: str) -> None:
@@ -303,7 +308,7 @@ def test_score_options_need_advertised_support() -> None:
         rules.parse_score(score_request(label_token_ids=[1]), plain)
     with pytest.raises(InvalidArgument, match="instructions"):
         rules.parse_score(score_request(instruction="x"), plain)
-    with pytest.raises(InvalidArgument, match="normalization 1"):
+    with pytest.raises(InvalidArgument, match="normalization SCORE_NORMALIZATION_NONE is"):
         rules.parse_score(score_request(normalization=pb.SCORE_NORMALIZATION_NONE), plain)
     assert rules.parse_score(score_request(), plain).label_token_ids == ()
 

@@ -6,9 +6,11 @@ import math
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import EnumDescriptor
 
 from ... import pb
 from ...client import StatusError
+from ...errors import enum_name
 from ..kit import CheckFailed, Target, rule
 from ..observe import advertised, check_dense, rows
 from .tasks import context, item, require_task, unadvertised
@@ -113,8 +115,8 @@ async def label_tokens(target: Target) -> None:
         response = await _score(target, caps, label_token_ids=labels, normalization=normalization)
         if list(response.label_token_ids) != labels:
             raise CheckFailed(f"label_token_ids {labels} came back as {list(response.label_token_ids)}")
-        if normalization and response.normalization != normalization:
-            raise CheckFailed(f"requested normalization {normalization}, response reports {response.normalization}")
+        if normalization:
+            _reported("normalization", pb.ScoreNormalization.DESCRIPTOR, normalization, response.normalization)
         for group in response.groups:
             for candidate in group.candidates:
                 if candidate.scores.shape[-1] != len(labels):
@@ -178,8 +180,7 @@ async def explicit_options(target: Target) -> None:
     caps = require_task(target, "score")
     for granularity in caps.granularities:
         response = await _score(target, caps, granularity=granularity)
-        if response.granularity != granularity:
-            raise CheckFailed(f"requested granularity {granularity}, response reports {response.granularity}")
+        _reported("granularity", pb.TaskOutputGranularity.DESCRIPTOR, granularity, response.granularity)
     for semantics in caps.semantics:
         try:  # an advertised value may still not fit the scoring this request performs
             response = await _score(target, caps, output_semantics=semantics)
@@ -187,8 +188,7 @@ async def explicit_options(target: Target) -> None:
             if error.code != _INVALID:
                 raise
             continue
-        if response.semantics != semantics:
-            raise CheckFailed(f"requested output_semantics {semantics}, response reports {response.semantics}")
+        _reported("output_semantics", pb.TaskValueSemantics.DESCRIPTOR, semantics, response.semantics)
     probes = {
         "granularity": unadvertised(pb.TaskOutputGranularity.values(), caps.granularities),
         "output_semantics": unadvertised(pb.TaskValueSemantics.values(), caps.semantics),
@@ -198,6 +198,13 @@ async def explicit_options(target: Target) -> None:
         if values:
             request = _request(target, caps, **{option: values[0]})
             await target.expect_status(target.client.score(request), _INVALID, what=f"an unadvertised {option}")
+
+
+def _reported(option: str, enum: EnumDescriptor, requested: int, reported: int) -> None:
+    """A response reports the enum option the request asked for."""
+    if reported != requested:
+        asked, got = enum_name(enum, requested), enum_name(enum, reported)
+        raise CheckFailed(f"requested {option} {asked}, response reports {got}")
 
 
 __all__: list[str] = []
