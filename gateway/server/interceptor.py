@@ -12,7 +12,8 @@ Every call of OpenEngine and of the gateway's own Routes service passes through 
 3. Abort of ``all_requests`` is checked for the control scope once its request is parsed;
 4. the caller (its token's name, scope and peer) is bound for the core (``core.callers``), which
    gives a token only its own requests; a PERMISSION_DENIED is written to the audit record;
-5. the call's final status code is counted by RPC, and by token name (``on_finished``).
+5. the call's final status code is counted by RPC, and by token name (``on_finished``); a client
+   that leaves after its stream's terminal response is counted OK, as the call had finished.
 
 The handler it returns relays the servicer's messages through one thin async-generator
 layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
@@ -29,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health
 
 from .. import pb, routes_pb
@@ -224,12 +225,14 @@ def _relaying(
 
         async def stream(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[object]:
             code = "OK"
+            last: object = None
             try:
                 await admit(request, context)
                 async for message in inner_stream(request, context):
+                    last = message
                     yield message
             except BaseException as exc:
-                code = _code(exc, context)
+                code = "OK" if _client_left(exc) and _ends_stream(last) else _code(exc, context)
                 raise
             finally:
                 on_finished(rpc, code, token)
@@ -261,12 +264,35 @@ _DEADLINE_SKEW_S = 0.1
 arrived, reaches a little later: a cancel this close to the server's deadline is the deadline."""
 
 
+def _client_left(exc: BaseException) -> bool:
+    """Whether ``exc`` is the client leaving (a cancel, its deadline, a closed connection)."""
+    return isinstance(exc, asyncio.CancelledError | GeneratorExit)
+
+
+def _ends_stream(message: object) -> bool:
+    """Whether ``message`` is its stream's terminal response by the contract: a client that leaves
+    after reading it (before the trailers: Dynamo's worker does) left a call that had finished.
+
+    A Generate stream ends with the one response that carries usage (the last GenerationFinished,
+    PrefillReady or EngineError), a drain with COMPLETE or an EngineError. Matched by full name, so
+    both wire layouts' messages (each in its own descriptor pool) are recognised.
+    """
+    if not isinstance(message, Message):
+        return False
+    name = message.DESCRIPTOR.full_name
+    if name == "openengine.v1.GenerateResponse":
+        return message.HasField("usage")
+    if name == "openengine.v1.DrainResponse":
+        return message.WhichOneof("event") == "error" or getattr(message, "state", 0) == pb.DRAIN_STATE_COMPLETE
+    return False
+
+
 def _code(exc: BaseException, context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The status name a call ends with after ``exc`` left its handler."""
     code = context.code()
     if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK:
         return code.name
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+    if _client_left(exc):
         remaining = context.time_remaining()
         return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= _DEADLINE_SKEW_S else "CANCELLED"
     return "UNKNOWN"
