@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from .. import pb
 from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_abort_fields
@@ -75,9 +75,11 @@ class LifecycleService:
         if probe:  # the named model's engines (every engine of a split), else the first engine
             probed = selected if request.model else selected[:1]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
-                checks.extend(_role_check(engine, request.role, self._prefix(engine)) for engine in probed)
+                checks.append(
+                    _one_check([_role_check(engine, request.role, self._prefix(engine)) for engine in probed])
+                )
             probes = await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed))
-            checks.extend(probes)
+            checks.append(_one_check(probes))
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
@@ -306,6 +308,16 @@ async def _task_probe(
     except BaseException:
         await engine.backend.abort(request_id)
         raise
+
+
+def _one_check(checks: Sequence[pb.HealthCheck]) -> pb.HealthCheck:
+    """The one check of its name for a model: a split's engines are probed each, and reported as
+    the contract's single ``inference_probe`` (or ``role``) check of the model asked about, in the
+    worst engine's state, its message naming every engine's."""
+    if len(checks) == 1:
+        return checks[0]
+    state = worst([check.state for check in checks])
+    return pb.HealthCheck(name=checks[0].name, state=state, message="; ".join(check.message for check in checks))
 
 
 def _role_check(engine: Engine, expected: pb.EngineRole.ValueType, prefix: str) -> pb.HealthCheck:

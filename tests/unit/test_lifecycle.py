@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from openengine_gateway import pb
+from openengine_gateway.config import SplitSection
 from openengine_gateway.core.health import worst
 from openengine_gateway.core.lifecycle import LifecycleService
 from openengine_gateway.core.registry import ActiveRequest
@@ -521,3 +522,22 @@ async def test_shutdown_ends_an_open_drain_with_one_terminal_error() -> None:
     assert states([last]) == ["ERROR_CODE_DRAINING"] and last.error.message == "the gateway is shutting down"
     assert last.error.retryable
     assert await ready(stream) == []
+
+
+async def test_a_split_s_probe_is_one_check_naming_every_engine() -> None:
+    first, second = FakeBackend(), FakeBackend()
+    for backend in (first, second):
+        backend.on_generate = scripted(UsageReport(1, 1), OutputFinished(0, pb.FINISH_REASON_LENGTH))
+    engines = engine_set((first, "a"), (second, "b"))
+    engines.reroute([SplitSection.model_validate({"name": "ab", "engines": {"a": 1, "b": 1}})], [])
+    lifecycle = LifecycleService(engines, CoreParts().registry, CoreParts().state)
+    request = pb.HealthRequest(model="ab", include_inference_probe=True, role=pb.ENGINE_ROLE_AGGREGATED)
+    response = await lifecycle.health(request)
+    assert [check.name for check in response.checks[-2:]] == ["role", "inference_probe"]
+    assert [c.name for c in response.checks].count("inference_probe") == 1, "the contract's one probe of the model"
+    assert response.checks[-1].message == "a: generated a token; b: generated a token"
+    assert response.state == READY
+    second.on_generate = scripted(error=EngineFailure(pb.ERROR_CODE_INTERNAL, "CUDA error"))
+    failed = await lifecycle.health(request)
+    assert failed.checks[-1].state == NOT_READY and failed.state == NOT_READY
+    assert failed.checks[-1].message == "a: generated a token; b: CUDA error"
