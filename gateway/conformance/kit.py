@@ -8,6 +8,11 @@ report never turns "unsupported" into "failed". A check leaves no state behind: 
 on the server (an adapter through ``Target.load_lora``, anything through ``Target.on_exit``) is
 undone when the rule ends, however it ends.
 
+A model that this gateway splits between engines (``[[splits]]``) is tested rule by rule: every
+request a rule sends carries one sticky key of that rule's own (``Target.pin``), so what a rule
+compares (a greedy run and its follow-up, a stream and its deltas) comes from one engine, while
+different rules reach different engines.
+
 Checks are grouped by contract area in ``conformance.checks``; importing that package
 registers them. Disruptive checks (a Drain that stops admission) run only when asked, last.
 """
@@ -24,9 +29,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from .. import pb
+import grpc
+
+from .. import pb, routes_pb
 from ..client import OpenEngineClient, StatusError
-from .observe import CheckFailed, OpenCall, Stream
+from .observe import CheckFailed, OpenCall, Stream, advertised
 
 _PROMPT_ALLOWANCE = 64
 """Tokens a check's short text prompt may take, kept free of the context when sizing outputs."""
@@ -53,8 +60,13 @@ class Target:
     model: str
     model_info: pb.ModelInfo
     timeout_s: float = 60.0
+    sticky: tuple[str, ...] = ()
+    """Where the gateway reads the sticky key of the split ``model`` names (``"metadata.KEY"``,
+    ``"cache_salt"``); empty for one engine, or a server that lists no splits."""
+    pin: str = ""
+    """The sticky key every generation request carries (the running rule's name) when ``sticky``."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
-    _greedy: dict[int, Stream] = field(default_factory=dict)
+    _greedy: dict[tuple[str, int], Stream] = field(default_factory=dict)
     _undo: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
     _ranks: tuple[int, ...] = ()
 
@@ -66,7 +78,8 @@ class Target:
             if not info.supported_models:
                 raise CheckFailed("EngineInfo.supported_models is empty")
             model = info.supported_models[0]
-        return cls(client, info, model, await client.model_info(model), timeout_s)
+        model_info = await client.model_info(model)
+        return cls(client, info, model, model_info, timeout_s, await _sticky_sources(client, model))
 
     @property
     def role(self) -> pb.EngineRole.ValueType:
@@ -137,7 +150,20 @@ class Target:
             if group is None or name in ("request_id", "model", "prompt"):
                 raise TypeError(f"unknown generation option {name!r}")
             setattr(group, name, value)
+        self._pin(request)
         return request
+
+    def _pin(self, request: pb.GenerateRequest) -> None:
+        """Give ``request`` the running rule's sticky key, at the split's first source a request can set."""
+        if not self.pin:
+            return
+        for source in self.sticky:
+            if source.startswith("metadata."):
+                request.metadata[source.removeprefix("metadata.")] = self.pin
+                return
+            if source == "cache_salt" and advertised(self.model_info.generation, "supports_cache_salt"):
+                request.kv.cache_salt = self.pin
+                return
 
     def token_prompt(self, **options: object) -> pb.GenerateRequest:
         """``prompt`` with a token-id prompt (``NotApplicable`` when token ids are not accepted)."""
@@ -190,10 +216,11 @@ class Target:
         Checks derive their triggers (stop tokens, stop strings, candidate ids) from it, so
         they assume nothing about the model's vocabulary or text.
         """
-        stream = self._greedy.get(max_tokens)
+        key = (self.pin, max_tokens)  # pinned: the engine of the rule's sticky key
+        stream = self._greedy.get(key)
         if stream is None:
             request = self.prompt(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-            stream = self._greedy[max_tokens] = (await self.run(request)).succeeded()
+            stream = self._greedy[key] = (await self.run(request)).succeeded()
         return stream
 
     def require_generation(self) -> None:
@@ -295,9 +322,22 @@ class Result:
     seconds: float
 
 
+async def _sticky_sources(client: OpenEngineClient, model: str) -> tuple[str, ...]:
+    """The sticky-key sources of the split ``model`` names, from this gateway's ``Routes`` service;
+    empty when ``model`` is no split, or the server has no such service."""
+    try:
+        table = await routes_pb.RoutesStub(client.channel).GetRoutes(
+            routes_pb.GetRoutesRequest(), metadata=client.call_metadata, timeout=30
+        )
+    except grpc.aio.AioRpcError:
+        return ()
+    return next((tuple(s.sticky) for s in table.splits if model == s.name or model in s.aliases), ())
+
+
 async def run_rule(rule_: Rule, target: Target) -> Result:
     """Run one rule's check, with the target's timeout, then undo what it left on the server."""
     start = time.perf_counter()
+    target.pin = f"conformance-{rule_.id}" if target.sticky else ""
     outcome, message = await _verdict(rule_, target)
     try:
         await asyncio.wait_for(target.release(), target.timeout_s)

@@ -24,7 +24,13 @@ _LENGTH = 16
 
 
 async def _stop_token(target: Target) -> tuple[int, list[int]]:
-    """A token the greedy output reaches after a few others, and the tokens before it."""
+    """A token the greedy output reaches after a few others, and the tokens before it.
+
+    A stop token id is token-id input: a model that denies token-id input (a split whose engines'
+    tokenizers differ, where an id from one response means another token on the next engine)
+    refuses it, so the stop-token rules need token-id input not to be denied (absent: unknown).
+    """
+    target.require(not denied(target.model_info, "supports_token_ids_input"), "token-id input (stop token ids)")
     greedy = await target.greedy(_LENGTH)
     ids = greedy.token_ids()
     tokens = greedy.tokens()
