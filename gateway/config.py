@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from .contract.bounds import DEFAULT_BOUNDS
@@ -273,6 +274,12 @@ class Config(_Strict):
     engines: list[EngineSection] = []
     splits: list[SplitSection] = []
     mirrors: list[MirrorSection] = []
+    _directory: Path | None = PrivateAttr(None)
+
+    @property
+    def directory(self) -> Path | None:
+        """The file's directory, which its relative paths are written from (None: no file)."""
+        return self._directory
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -320,7 +327,9 @@ def load_config(path: Path | None) -> Config:
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigurationError(_describe(exc, str(path))) from None
-    return _anchored(config, path.absolute().parent)
+    anchored = _anchored(config, path.absolute().parent)
+    anchored._directory = path.absolute().parent
+    return anchored
 
 
 PATH_SUFFIXES = ("_file", "_path", "_dir")
@@ -369,6 +378,28 @@ def _anchor_options(options: Mapping[str, Any], base: Path) -> dict[str, Any]:
     return anchored
 
 
+def anchor_typed_paths(
+    settings_model: type[BaseModel], options: Mapping[str, Any], base: Path | None
+) -> dict[str, Any]:
+    """``options`` with each relative path a driver's settings model types as ``pathlib.Path``
+    (``corpus: Path``, ``Path | None``) joined to ``base``, the configuration file's directory: the
+    driver's own word for which options are paths, beside the name rule ``load_config`` applies."""
+    fields = settings_model.model_fields
+    return {
+        key: _anchor(value, base)
+        if base is not None and isinstance(value, str) and key in fields and _is_path(fields[key].annotation)
+        else value
+        for key, value in options.items()
+    }
+
+
+def _is_path(annotation: object) -> bool:
+    """Whether a field's type is a ``Path``, or a union with one."""
+    if isinstance(annotation, type):
+        return issubclass(annotation, PurePath)
+    return any(_is_path(arg) for arg in typing.get_args(annotation))
+
+
 def _anchor(value: str, base: Path) -> str:
     """``value`` joined to ``base`` when it is a relative path; absolute and ``~`` paths as given."""
     if not value or value.startswith("~") or Path(value).is_absolute():
@@ -410,6 +441,7 @@ __all__ = [
     "MirrorSection",
     "PluginsSection",
     "SplitSection",
+    "anchor_typed_paths",
     "did_you_mean",
     "engine_settings",
     "flag_of",

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar
-
-from google.protobuf.descriptor import EnumDescriptor
+from typing import Any, ClassVar, Protocol
 
 from . import pb
 
@@ -61,7 +59,14 @@ def clip(value: str, keep: int = ECHO_CHARS) -> str:
     return f"{value[:keep]!r}... ({len(value)} characters)"
 
 
-def enum_name(enum: EnumDescriptor, value: int) -> str:
+class _EnumDescriptor(Protocol):
+    """What ``enum_name`` reads of a protobuf enum's descriptor (``pb.FinishReason.DESCRIPTOR``)."""
+
+    @property
+    def values_by_number(self) -> Mapping[int, Any]: ...
+
+
+def enum_name(enum: _EnumDescriptor, value: int) -> str:
     """An enum value as a message names it: its name (``TASK_OUTPUT_GRANULARITY_TOKEN``), or its
     number when the enum has no such value."""
     known = enum.values_by_number.get(value)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Config, EngineSection, did_you_mean, engine_settings, looks_like_path
+from .config import Config, EngineSection, anchor_typed_paths, did_you_mean, engine_settings, looks_like_path
 from .engines import Engine, EngineSet, check_exclusive
 from .errors import ConfigurationError, EngineStartError, PluginError
 from .plugins import installed_backends, load_backend
@@ -48,9 +48,13 @@ def plan_engines(
             driver = load_backend(section.backend, config.plugins.allow)
         except PluginError as exc:
             raise PluginError(f"{label}: {exc}") from None
-        defaults = config.backends.get(section.backend, {})
+        # The file's relative paths are the file's: a path-typed option too (command-line values stay as given).
+        defaults = anchor_typed_paths(driver.Settings, config.backends.get(section.backend, {}), config.directory)
+        options = (
+            section.options if command_line else anchor_typed_paths(driver.Settings, section.options, config.directory)
+        )
         notes = _notes(driver.Settings, section, defaults, gateway_flags if command_line else None)
-        settings = engine_settings(driver.Settings, {**defaults, **section.options}, f"{label} options", notes)
+        settings = engine_settings(driver.Settings, {**defaults, **options}, f"{label} options", notes)
         _check_model_path(settings.model, label)
         served = section.served_model_name or settings.model or section.backend
         for kind, name in (("name", served), *(("alias", alias) for alias in section.aliases)):
@@ -141,7 +145,9 @@ async def start_engines(
                 facts = await plan.backend.start()
             except ConnectionError as exc:  # an engine that is not answering, not a typo
                 raise _start_error(plan, exc) from exc
-            except (ConfigurationError, OSError):
+            except ConfigurationError as exc:  # the user's to fix, reported as a usage error naming the engine
+                raise ConfigurationError(f"{plan.label}: {exc}") from None
+            except OSError:
                 raise  # the user's to fix, reported as a usage error
             except Exception as exc:
                 raise _start_error(plan, exc) from exc

@@ -150,7 +150,8 @@ def _explicit(message: Message, field: str, advertised: Container[_Enum], what: 
     if value == 0:
         return None
     if value not in advertised:
-        name = enum_name(message.DESCRIPTOR.fields_by_name[field].enum_type, value)
+        enum = message.DESCRIPTOR.fields_by_name[field].enum_type
+        name = enum_name(enum, value) if enum is not None else str(value)
         raise InvalidArgument(f"{what} {name} is not advertised for this model")
     return value
 

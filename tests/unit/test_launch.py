@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from openengine_gateway import launch
-from openengine_gateway.config import Config, EngineSection, MirrorSection, PluginsSection, SplitSection
+from openengine_gateway.config import Config, EngineSection, MirrorSection, PluginsSection, SplitSection, load_config
 from openengine_gateway.errors import CapabilityError, ConfigurationError, EngineStartError
 from openengine_gateway.plugins import InstalledBackend
 from openengine_gateway.spi import Backend, BackendSettings, EngineFacts
@@ -218,6 +219,54 @@ async def test_a_configuration_error_from_start_stays_one(
     monkeypatch.setattr(Driver, "start", refuse)
     with pytest.raises(error, match="model path does not exist"):
         await launch.start_engines([EngineSection(backend="fake", options={"model": "m"})], Config())
+
+
+async def test_a_configuration_error_from_start_names_the_engine(
+    loaded: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the guide promises: the engine's label comes first, as for an option its settings refuse."""
+
+    async def refuse(self: Driver) -> EngineFacts:
+        raise ConfigurationError("corpus: no such file")
+
+    monkeypatch.setattr(Driver, "start", refuse)
+    sections = [
+        EngineSection(backend="fake", options={"model": "a"}),
+        EngineSection(backend="fake", options={"model": "b"}),
+    ]
+    with pytest.raises(ConfigurationError, match=re.escape("engines[0] (fake): corpus: no such file")):
+        await launch.start_engines(sections, Config())
+    with pytest.raises(ConfigurationError, match=re.escape("--backend fake: corpus: no such file")):
+        await launch.start_engines(sections[:1], Config(), command_line=True)
+
+
+class PathSettings(BackendSettings):
+    corpus: Path = Path("corpus.txt")
+    extra: Path | None = None
+    label: str = ""
+
+
+class PathDriver(Driver):
+    Settings = PathSettings  # type: ignore[assignment]
+
+
+def test_a_path_typed_option_is_relative_to_the_file(
+    loaded: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(launch, "load_backend", lambda _name, _allowed=None: PathDriver)
+    (tmp_path / "plugins.toml").write_text(
+        '[backends.fake]\nextra = "more"\n[[engines]]\nbackend = "fake"\n'
+        'options = { corpus = "data/c.txt", label = "data/x" }\n'
+    )
+    config = load_config(tmp_path / "plugins.toml")
+    (plan,) = launch.plan_engines(config.engines, config)
+    settings = plan.backend.settings
+    assert (settings.corpus, settings.extra) == (tmp_path / "data/c.txt", tmp_path / "more"), "typed Path: anchored"
+    assert settings.label == "data/x", "a str option keeps its value"
+    flags = EngineSection(backend="fake", options={"corpus": "c.txt"})
+    (flagged,) = launch.plan_engines([flags], config, command_line=True)
+    assert flagged.backend.settings.corpus == Path("c.txt"), "a command-line value stays relative to the working dir"
+    assert flagged.backend.settings.extra == tmp_path / "more", "a [backends] default is the file's"
 
 
 async def test_an_engine_it_cannot_reach_failed_to_start(loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
