@@ -59,7 +59,7 @@ class EngineFeatures:
     """What a started engine is and honours; ``None`` where it cannot say."""
 
     max_seq_len: int | None = None
-    """The longest sequence the executor takes (its resolved ``max_seq_len``, not ``args.max_seq_len``)."""
+    """The longest context the executor takes (``resolved_max_seq_len``: not ``args.max_seq_len``)."""
     max_batch_size: int | None = None
     max_num_tokens: int | None = None
     tokens_per_block: int | None = None
@@ -71,6 +71,8 @@ class EngineFeatures:
     priority: bool = False
     cache_salt: bool = False
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    sampled_logprob_only: bool = False
+    """Whether the sampler's logprob row is the sampled token's alone (the speculative samplers), not the top-k."""
     eos_token_ids: tuple[int, ...] = ()
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -124,7 +126,9 @@ def engine_features(
     speculative = getattr(args, "speculative_config", None) is not None
     knobs = applied_knobs(getattr(args, "sampler_type", None), speculative=speculative)
     return EngineFeatures(
-        max_seq_len=resolved_max_seq_len(llm, kv_stats.get("maxNumBlocks"), tokens_per_block),
+        max_seq_len=resolved_max_seq_len(
+            llm, kv_stats.get("maxNumBlocks"), tokens_per_block, generation_only=role == "decode"
+        ),
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
         tokens_per_block=tokens_per_block,
@@ -136,6 +140,7 @@ def engine_features(
         cache_salt="cache_salt" in accepted,
         # Its speculative samplers return only the sampled token's logprob (``validate_request``).
         max_top_logprobs=1 if speculative else max_top_logprobs,
+        sampled_logprob_only=speculative,
         eos_token_ids=eos_ids(llm),
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
@@ -151,18 +156,29 @@ def engine_features(
     )
 
 
-def resolved_max_seq_len(llm: Any, total_blocks: int | None, tokens_per_block: int | None) -> int | None:
-    """The longest sequence the executor takes, which ``llm.args.max_seq_len`` does not say.
+def resolved_max_seq_len(
+    llm: Any, total_blocks: int | None, tokens_per_block: int | None, *, generation_only: bool = False
+) -> int | None:
+    """The longest context the executor takes, which ``llm.args.max_seq_len`` does not say.
 
     ``args.max_seq_len`` stays None unless given; the executor then takes the model's
     ``max_position_embeddings``, and its KV cache manager cuts either to what the KV pool holds
     (``_torch/pyexecutor/_util.py``). The resolved value stays in the executor's process, so it
-    is computed the same way here from the pool the first statistics report.
+    is computed the same way here from the pool the first statistics report. Without chunked
+    prefill (off by default) ``LLM._check_arguments`` (``llmapi/llm.py``, 1.2.1 and 1.3) also
+    refuses a prompt longer than ``max_num_tokens``, except on a generation-only request (a
+    decode engine's): a prompt of ``max_num_tokens`` tokens plus one output token is then the
+    longest context, so a prompt is refused here exactly where TensorRT-LLM would refuse it.
     """
     hf_config = getattr(llm, "_hf_model_config", None)
-    configured: int | None = llm.args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
+    args = llm.args
+    configured: int | None = args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
     pool = total_blocks * tokens_per_block if total_blocks and tokens_per_block else None
-    known = [value for value in (configured, pool) if value]
+    prompt_bound = None
+    max_num_tokens = getattr(args, "max_num_tokens", None)
+    if max_num_tokens and not generation_only and not getattr(args, "enable_chunked_prefill", False):
+        prompt_bound = int(max_num_tokens) + 1
+    known = [value for value in (configured, pool, prompt_bound) if value]
     return min(known) if known else None
 
 
@@ -237,7 +253,9 @@ def kv_connector(features: EngineFeatures) -> pb.KvConnectorInfo | None:
         enabled=True,
         transfer_backend=features.transfer_backend,
         supports_remote_prefill=decode,
-        supports_decode_pull=decode,
+        # The decode side resumes from the prefill's handoff (``opaque_state`` or ``ctx_info_endpoint``), not a
+        # separate pull channel: TensorRT-LLM's own servicer advertises false too (``grpc/openengine/servicer.py``).
+        supports_decode_pull=False,
         # A prefill's request is final at its handoff; TensorRT-LLM's executor keeps the KV cache until
         # the decode side pulls it or its transfer times out, and offers no call that releases it.
         supports_abort_cleanup=False,
