@@ -256,8 +256,8 @@ def kv_connector(features: EngineFeatures) -> pb.KvConnectorInfo | None:
         # The decode side resumes from the prefill's handoff (``opaque_state`` or ``ctx_info_endpoint``), not a
         # separate pull channel: TensorRT-LLM's own servicer advertises false too (``grpc/openengine/servicer.py``).
         supports_decode_pull=False,
-        # A prefill's request is final at its handoff; TensorRT-LLM's executor keeps the KV cache until
-        # the decode side pulls it or its transfer times out, and offers no call that releases it.
+        # TensorRT-LLM's executor keeps a handed-off KV cache until the decode side pulls it or its transfer
+        # times out, and offers no call that releases it (aborting the context request cancels the transfer).
         supports_abort_cleanup=False,
     )
 
