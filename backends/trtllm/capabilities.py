@@ -59,9 +59,10 @@ class EngineFeatures:
     """What a started engine is and honours; ``None`` where it cannot say."""
 
     max_seq_len: int | None = None
-    """The longest context the executor takes (``resolved_max_seq_len``: not ``args.max_seq_len``)."""
+    """The executor's resolved ``max_seq_len`` (``resolved_max_seq_len``: not ``args.max_seq_len``)."""
     max_batch_size: int | None = None
     max_num_tokens: int | None = None
+    chunked_prefill: bool = False
     tokens_per_block: int | None = None
     total_kv_blocks: int | None = None
     """KV blocks of one rank's primary pool (the first iteration statistics' ``maxNumBlocks``)."""
@@ -86,6 +87,20 @@ class EngineFeatures:
     """What an unset knob takes, and the model's defaults the sampler cannot apply."""
     handoff_fields: frozenset[str] = HANDOFF_FIELDS_1_2
     """The fields the installed ``DisaggregatedParams`` takes."""
+
+    def max_context(self, *, generation_only: bool = False) -> int | None:
+        """The longest context (prompt and output) a request takes.
+
+        Without chunked prefill ``LLM._check_arguments`` (``llmapi/llm.py``, the 1.2-era text)
+        refuses a prompt longer than ``max_num_tokens``, except a generation-only request's (a
+        handoff to a decode engine): a prompt of ``max_num_tokens`` tokens and one output token is
+        then the longest context, so a prompt is refused here exactly where TensorRT-LLM would.
+        """
+        prompt_bound = None
+        if self.max_num_tokens and not self.chunked_prefill and not generation_only:
+            prompt_bound = self.max_num_tokens + 1
+        known = [value for value in (self.max_seq_len, prompt_bound) if value]
+        return min(known) if known else None
 
     @property
     def data_parallel_size(self) -> int:
@@ -126,11 +141,10 @@ def engine_features(
     speculative = getattr(args, "speculative_config", None) is not None
     knobs = applied_knobs(getattr(args, "sampler_type", None), speculative=speculative)
     return EngineFeatures(
-        max_seq_len=resolved_max_seq_len(
-            llm, kv_stats.get("maxNumBlocks"), tokens_per_block, generation_only=role == "decode"
-        ),
+        max_seq_len=resolved_max_seq_len(llm, kv_stats.get("maxNumBlocks"), tokens_per_block),
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
+        chunked_prefill=bool(getattr(args, "enable_chunked_prefill", False)),
         tokens_per_block=tokens_per_block,
         total_kv_blocks=kv_stats.get("maxNumBlocks"),
         has_tokenizer=llm.tokenizer is not None,
@@ -156,29 +170,19 @@ def engine_features(
     )
 
 
-def resolved_max_seq_len(
-    llm: Any, total_blocks: int | None, tokens_per_block: int | None, *, generation_only: bool = False
-) -> int | None:
-    """The longest context the executor takes, which ``llm.args.max_seq_len`` does not say.
+def resolved_max_seq_len(llm: Any, total_blocks: int | None, tokens_per_block: int | None) -> int | None:
+    """The longest sequence the executor takes, which ``llm.args.max_seq_len`` does not say.
 
     ``args.max_seq_len`` stays None unless given; the executor then takes the model's
     ``max_position_embeddings``, and its KV cache manager cuts either to what the KV pool holds
     (``_torch/pyexecutor/_util.py``). The resolved value stays in the executor's process, so it
-    is computed the same way here from the pool the first statistics report. Without chunked
-    prefill (off by default) ``LLM._check_arguments`` (``llmapi/llm.py``, 1.2.1 and 1.3) also
-    refuses a prompt longer than ``max_num_tokens``, except on a generation-only request (a
-    decode engine's): a prompt of ``max_num_tokens`` tokens plus one output token is then the
-    longest context, so a prompt is refused here exactly where TensorRT-LLM would refuse it.
+    is computed the same way here from the pool the first statistics report. A prompt is also
+    bounded by ``max_num_tokens`` (``EngineFeatures.max_context``).
     """
     hf_config = getattr(llm, "_hf_model_config", None)
-    args = llm.args
-    configured: int | None = args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
+    configured: int | None = llm.args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
     pool = total_blocks * tokens_per_block if total_blocks and tokens_per_block else None
-    prompt_bound = None
-    max_num_tokens = getattr(args, "max_num_tokens", None)
-    if max_num_tokens and not generation_only and not getattr(args, "enable_chunked_prefill", False):
-        prompt_bound = int(max_num_tokens) + 1
-    known = [value for value in (configured, pool, prompt_bound) if value]
+    known = [value for value in (configured, pool) if value]
     return min(known) if known else None
 
 
@@ -205,7 +209,8 @@ def model_info(features: EngineFeatures, model_id: str) -> pb.ModelInfo:
         supports_multimodal=False,
     )
     for field, value in (
-        ("max_context_length", features.max_seq_len),
+        # A decode engine's requests are handoffs, which TensorRT-LLM takes past max_num_tokens.
+        ("max_context_length", features.max_context(generation_only=features.role == pb.ENGINE_ROLE_DECODE)),
         ("max_running_requests", features.max_batch_size),
         ("max_batched_tokens", features.max_num_tokens),
         ("kv_block_size", features.tokens_per_block),

@@ -232,10 +232,11 @@ class TrtllmBackend(Backend[TrtllmSettings]):
             raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
         except RuntimeError as exc:
             # A RequestError (executor/utils.py) is this request's refusal; any other RuntimeError is
-            # "LLM is shutting down".
+            # "LLM is shutting down", or a dead worker's error (executor/proxy.py): the engine is done.
             if is_request_error(exc):
                 raise refusal(exc) from None
-            raise Unavailable(f"TensorRT-LLM cannot take requests: {exc}") from None
+            self._failure = f"TensorRT-LLM cannot take requests: {exc}"
+            raise Unavailable(self._failure) from None
         self._handles[request.request_id] = handle
         tokenizer = llm.tokenizer
         stream = RequestStream(

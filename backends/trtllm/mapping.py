@@ -116,7 +116,8 @@ def _stopping(request: GenerationRequest, features: EngineFeatures, prompt_len: 
     if features.role == pb.ENGINE_ROLE_PREFILL:  # the context phase; the decode engine applies the stopping
         stopping = Stopping(max_tokens=1)
         request = dataclasses.replace(request, stopping=stopping)
-    max_tokens = resolve_max_tokens(request, prompt_len, features.max_seq_len)
+    generation_only = request.kv_session is not None and features.role != pb.ENGINE_ROLE_PREFILL
+    max_tokens = resolve_max_tokens(request, prompt_len, features.max_context(generation_only=generation_only))
     if stopping.min_tokens and stopping.stop_token_ids:
         raise InvalidArgument(
             "stopping.min_tokens with stop token ids: TensorRT-LLM holds back only the end-of-sequence token "

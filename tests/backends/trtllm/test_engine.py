@@ -117,6 +117,22 @@ async def test_the_advertised_context_is_exactly_what_the_executor_accepts(
     assert over == grpc.StatusCode.INVALID_ARGUMENT and engine.worker_error is None
 
 
+async def test_a_decode_engine_advertises_the_context_of_its_handoffs(fake: Installed) -> None:
+    """``_check_arguments`` skips generation-only requests (all a decode engine takes): a handoff longer
+    than the decode engine's ``max_num_tokens`` resumes, so its context is the executor's ``max_seq_len``."""
+    transceiver = {"cache_transceiver_config": {"backend": "UCX"}, "kv_cache_config": {"tokens_per_block": 2}}
+    async with (
+        serving(trtllm(role="prefill", enable_chunked_prefill=True, **transceiver)) as prefill,
+        serving(trtllm(role="decode", max_num_tokens=16, **transceiver)) as decode,
+    ):
+        info = await decode.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        ready = await collect(prefill.stub, request(tokens(40), stopping=STOP(max_tokens=3, ignore_eos=True)))
+        resumed = request(tokens(40), stopping=STOP(max_tokens=3, ignore_eos=True))
+        resumed.kv.session.CopyFrom(ready[-1].prefill_ready.kv_session)
+        decoded = await collect(decode.stub, resumed)
+    assert info.max_context_length == 128 and len(token_ids(decoded)) == 3
+
+
 async def test_a_refusal_tensorrt_llm_reports_while_the_result_is_read_is_still_a_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -563,3 +579,22 @@ async def test_a_prefill_never_aborts_its_handed_off_request_whichever_comes_fir
     assert [t.token_id for t in records] == greedy(PROMPT, 5)
     assert context.finished and not context.aborted()
     assert records[0].HasField("logprob") == (version != "1.2.1")
+
+
+async def test_a_1_2_worker_that_died_makes_the_engine_unavailable_and_not_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What 1.2.1's worker raises outside its ``RequestError`` wrapper ends it (``executor/worker.py``): that
+    request fails, every later submission raises the worker's error, and health says so."""
+
+    def dying(self: fake_llm.RequestOutput, llm: fake_llm.LLM) -> None:
+        llm.worker_failed(ValueError("an adapter the driver could not check"))
+
+    async with serving(trtllm()) as running:
+        monkeypatch.setattr(fake_llm.RequestOutput, "_first_step", dying)
+        failed = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=2)))
+        after = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
+        health = await running.stub.Health(pb.HealthRequest())
+    assert failed[-1].error.code == pb.ERROR_CODE_INTERNAL and "an adapter" in failed[-1].error.message
+    assert after == grpc.StatusCode.UNAVAILABLE
+    assert health.state == pb.HEALTH_STATE_NOT_READY
