@@ -24,7 +24,7 @@ _FINAL = 1 << 30
 """Sorts a final release after each of its release candidates."""
 
 
-def release(version: str) -> tuple[int, int, int, int]:
+def _release(version: str) -> tuple[int, int, int, int]:
     """``(major, minor, patch, rc)`` of a TensorRT-LLM version; a final release has the largest rc."""
     match = _VERSION.match(version)
     if match is None:
@@ -35,7 +35,7 @@ def release(version: str) -> tuple[int, int, int, int]:
 
 def check_version(version: str) -> None:
     """``ConfigurationError`` naming ``version`` unless the driver serves it."""
-    found = release(version)
+    found = _release(version)
     if (1, 2, 1, _FINAL) <= found < (1, 3, 0, 0) or (1, 3, 0, 29) <= found < (1, 4, 0, 0):
         return
     raise ConfigurationError(
@@ -44,4 +44,4 @@ def check_version(version: str) -> None:
     )
 
 
-__all__ = ["SUPPORTED", "check_version", "release"]
+__all__ = ["SUPPORTED", "check_version"]
