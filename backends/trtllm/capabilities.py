@@ -59,9 +59,10 @@ class EngineFeatures:
     """What a started engine is and honours; ``None`` where it cannot say."""
 
     max_seq_len: int | None = None
-    """The longest sequence the executor takes (its resolved ``max_seq_len``, not ``args.max_seq_len``)."""
+    """The executor's resolved ``max_seq_len`` (``resolved_max_seq_len``: not ``args.max_seq_len``)."""
     max_batch_size: int | None = None
     max_num_tokens: int | None = None
+    chunked_prefill: bool = False
     tokens_per_block: int | None = None
     total_kv_blocks: int | None = None
     """KV blocks of one rank's primary pool (the first iteration statistics' ``maxNumBlocks``)."""
@@ -71,6 +72,8 @@ class EngineFeatures:
     priority: bool = False
     cache_salt: bool = False
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    sampled_logprob_only: bool = False
+    """Whether the sampler's logprob row is the sampled token's alone (the speculative samplers), not the top-k."""
     eos_token_ids: tuple[int, ...] = ()
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -84,6 +87,20 @@ class EngineFeatures:
     """What an unset knob takes, and the model's defaults the sampler cannot apply."""
     handoff_fields: frozenset[str] = HANDOFF_FIELDS_1_2
     """The fields the installed ``DisaggregatedParams`` takes."""
+
+    def max_context(self, *, generation_only: bool = False) -> int | None:
+        """The longest context (prompt and output) a request takes.
+
+        Without chunked prefill ``LLM._check_arguments`` (``llmapi/llm.py``, the 1.2-era text)
+        refuses a prompt longer than ``max_num_tokens``, except a generation-only request's (a
+        handoff to a decode engine): a prompt of ``max_num_tokens`` tokens and one output token is
+        then the longest context, so a prompt is refused here exactly where TensorRT-LLM would.
+        """
+        prompt_bound = None
+        if self.max_num_tokens and not self.chunked_prefill and not generation_only:
+            prompt_bound = self.max_num_tokens + 1
+        known = [value for value in (self.max_seq_len, prompt_bound) if value]
+        return min(known) if known else None
 
     @property
     def data_parallel_size(self) -> int:
@@ -127,6 +144,7 @@ def engine_features(
         max_seq_len=resolved_max_seq_len(llm, kv_stats.get("maxNumBlocks"), tokens_per_block),
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
+        chunked_prefill=bool(getattr(args, "enable_chunked_prefill", False)),
         tokens_per_block=tokens_per_block,
         total_kv_blocks=kv_stats.get("maxNumBlocks"),
         has_tokenizer=llm.tokenizer is not None,
@@ -136,6 +154,7 @@ def engine_features(
         cache_salt="cache_salt" in accepted,
         # Its speculative samplers return only the sampled token's logprob (``validate_request``).
         max_top_logprobs=1 if speculative else max_top_logprobs,
+        sampled_logprob_only=speculative,
         eos_token_ids=eos_ids(llm),
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
@@ -157,7 +176,8 @@ def resolved_max_seq_len(llm: Any, total_blocks: int | None, tokens_per_block: i
     ``args.max_seq_len`` stays None unless given; the executor then takes the model's
     ``max_position_embeddings``, and its KV cache manager cuts either to what the KV pool holds
     (``_torch/pyexecutor/_util.py``). The resolved value stays in the executor's process, so it
-    is computed the same way here from the pool the first statistics report.
+    is computed the same way here from the pool the first statistics report. A prompt is also
+    bounded by ``max_num_tokens`` (``EngineFeatures.max_context``).
     """
     hf_config = getattr(llm, "_hf_model_config", None)
     configured: int | None = llm.args.max_seq_len or getattr(hf_config, "max_position_embeddings", None)
@@ -189,7 +209,8 @@ def model_info(features: EngineFeatures, model_id: str) -> pb.ModelInfo:
         supports_multimodal=False,
     )
     for field, value in (
-        ("max_context_length", features.max_seq_len),
+        # A decode engine's requests are handoffs, which TensorRT-LLM takes past max_num_tokens.
+        ("max_context_length", features.max_context(generation_only=features.role == pb.ENGINE_ROLE_DECODE)),
         ("max_running_requests", features.max_batch_size),
         ("max_batched_tokens", features.max_num_tokens),
         ("kv_block_size", features.tokens_per_block),
@@ -237,9 +258,11 @@ def kv_connector(features: EngineFeatures) -> pb.KvConnectorInfo | None:
         enabled=True,
         transfer_backend=features.transfer_backend,
         supports_remote_prefill=decode,
-        supports_decode_pull=decode,
-        # A prefill's request is final at its handoff; TensorRT-LLM's executor keeps the KV cache until
-        # the decode side pulls it or its transfer times out, and offers no call that releases it.
+        # The decode side resumes from the prefill's handoff (``opaque_state`` or ``ctx_info_endpoint``), not a
+        # separate pull channel: TensorRT-LLM's own servicer advertises false too (``grpc/openengine/servicer.py``).
+        supports_decode_pull=False,
+        # TensorRT-LLM's executor keeps a handed-off KV cache until the decode side pulls it or its transfer
+        # times out, and offers no call that releases it (aborting the context request cancels the transfer).
         supports_abort_cleanup=False,
     )
 

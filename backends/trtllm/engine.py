@@ -5,13 +5,17 @@ loading the plugin, validating settings and every mapping test run without it.
 
 Requests are validated and *submitted* before acceptance: text prompts are tokenized here
 (the length sizes the output budget), ``SamplingParams`` are built, and ``generate_async``
-is called. TensorRT-LLM 1.2.1 reports what its executor refuses while the result is read,
-before any output, so such a refusal is still a gRPC status (``refusals``).
+is called. TensorRT-LLM reports what its worker refuses (``RequestError``) while the result is
+read, before any output, so such a refusal is still a gRPC status (``refusals``); what 1.2.1's
+worker raises outside that wrapper ends the engine, so the driver checks it first (``mapping``,
+``llm_args``).
 TensorRT-LLM's request ids are its own: the driver keeps the gateway id → ``RequestOutput``
 handle map, aborts through the handle, and turns its cumulative outputs into deltas
-(``outputs.RequestStream``). A prefill's request is final at its handoff: its stream ends with
-``PrefillReady``, and the executor alone keeps the KV cache until the decode side pulls it
-(nothing the driver holds, or can release).
+(``outputs.RequestStream``). A prefill's stream ends with ``PrefillReady`` at the handoff; its
+request may become final only later (TensorRT-LLM's servicer, ``grpc/openengine/streaming.py``,
+handles both orders), so the driver keeps reading it in the background rather than aborting it,
+which would cancel the KV transfer. The executor alone keeps the KV cache until the decode side
+pulls it (nothing the driver holds, or can release).
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ from openengine_gateway.spi import (
 from . import capabilities, generation_config, mapping
 from .kv_events import KvEventMapper
 from .llm_args import llm_kwargs
-from .loras import LoraRegistry
+from .loras import LoraRegistry, check_adapter
 from .outputs import RequestStream
 from .refusals import is_request_error, refusal
 from .settings import TrtllmSettings
+from .versions import check_version
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,7 @@ class _Api:
     LoRARequest: Any
     DisaggregatedParams: Any
     SchedulingParams: Any
+    Logprob: Any
     max_top_logprobs: int
 
 
@@ -78,6 +84,7 @@ def _import_api() -> tuple[_Api, frozenset[str]]:
     from tensorrt_llm import LLM, SamplingParams, sampling_params
     from tensorrt_llm.disaggregated_params import DisaggregatedParams
     from tensorrt_llm.executor.request import LoRARequest
+    from tensorrt_llm.executor.result import Logprob
     from tensorrt_llm.llmapi import TorchLlmArgs
     from tensorrt_llm.scheduling_params import SchedulingParams
 
@@ -89,6 +96,7 @@ def _import_api() -> tuple[_Api, frozenset[str]]:
         LoRARequest=LoRARequest,
         DisaggregatedParams=DisaggregatedParams,
         SchedulingParams=SchedulingParams,
+        Logprob=Logprob,
         max_top_logprobs=getattr(sampling_params, "MAX_TOP_LOGPROBS", capabilities.DEFAULT_MAX_TOP_LOGPROBS),
     )
     return api, frozenset(TorchLlmArgs.model_fields)
@@ -110,6 +118,8 @@ class TrtllmBackend(Backend[TrtllmSettings]):
         self._stats: dict[str, Any] | None = None
         self._stats_ns = 0
         self._background = BackgroundTasks(self._background_failed)
+        self._handoffs = BackgroundTasks()
+        """Prefill requests read on after their handoff until TensorRT-LLM reports them final."""
         self._failure: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -124,11 +134,17 @@ class TrtllmBackend(Backend[TrtllmSettings]):
                 f"trtllm: TensorRT-LLM is not importable ({exc}); on a GPU machine: "
                 "pip install --extra-index-url https://pypi.nvidia.com 'openengine-gateway[trtllm]'"
             ) from None
+        check_version(api.version)
         kwargs = llm_kwargs(settings.llm_options, known, role=settings.role)
         try:
             self._llm = await asyncio.to_thread(api.LLM, settings.model, **kwargs)
         except (ValueError, TypeError) as exc:  # pydantic's errors are ValueErrors
             raise ConfigurationError(f"trtllm: TensorRT-LLM rejected its arguments: {exc}") from None
+        except AssertionError as exc:  # its executor asserts on configurations it cannot start with
+            raise ConfigurationError(
+                f"trtllm: TensorRT-LLM could not start with these arguments (an assertion in its start-up: "
+                f"{exc or 'no message'}); see docs/backends/trtllm.md for the options it needs"
+            ) from None
         self._api = api
         try:
             self._features = capabilities.EngineFeatures(
@@ -184,6 +200,7 @@ class TrtllmBackend(Backend[TrtllmSettings]):
     async def stop(self) -> None:
         """Stop the background readers, shut TensorRT-LLM down."""
         await self._background.stop()
+        await self._handoffs.stop()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
@@ -215,10 +232,11 @@ class TrtllmBackend(Backend[TrtllmSettings]):
             raise InvalidArgument(f"TensorRT-LLM rejected the request: {exc}") from None
         except RuntimeError as exc:
             # A RequestError (executor/utils.py) is this request's refusal; any other RuntimeError is
-            # "LLM is shutting down".
+            # "LLM is shutting down", or a dead worker's error (executor/proxy.py): the engine is done.
             if is_request_error(exc):
                 raise refusal(exc) from None
-            raise Unavailable(f"TensorRT-LLM cannot take requests: {exc}") from None
+            self._failure = f"TensorRT-LLM cannot take requests: {exc}"
+            raise Unavailable(self._failure) from None
         self._handles[request.request_id] = handle
         tokenizer = llm.tokenizer
         stream = RequestStream(
@@ -239,7 +257,7 @@ class TrtllmBackend(Backend[TrtllmSettings]):
         if lora is not None:
             kwargs["lora_request"] = lora
         if plan.disaggregated is not None:
-            kwargs["disaggregated_params"] = api.DisaggregatedParams(**plan.disaggregated)
+            kwargs["disaggregated_params"] = _disaggregated_params(api, plan.disaggregated)
         if plan.attention_dp_rank is not None:
             kwargs["scheduling_params"] = api.SchedulingParams(
                 attention_dp_rank=plan.attention_dp_rank, attention_dp_relax=False
@@ -270,7 +288,9 @@ class TrtllmBackend(Backend[TrtllmSettings]):
             raise EngineFailure(pb.ERROR_CODE_INTERNAL, f"TensorRT-LLM failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._handles.pop(request_id, None)
-            if not handle.finished:
+            if not handle.finished and stream.session is not None:  # aborting would cancel the KV transfer
+                self._handoffs.spawn(_read_to_the_end(handle), f"TensorRT-LLM context request {request_id}")
+            elif not handle.finished:
                 _abort(handle)  # outputs ended by a stop string, or the stream closed early
 
     async def abort(self, request_id: str) -> None:
@@ -286,6 +306,7 @@ class TrtllmBackend(Backend[TrtllmSettings]):
         llm = self._running()
         api = self._api_()
         self._loras.check_id(adapter)
+        check_adapter(adapter.lora_name, adapter.source_path, _max_lora_rank(llm))
         try:
             lora = api.LoRARequest(adapter.lora_name, adapter.lora_id, adapter.source_path)
             params = api.SamplingParams(max_tokens=1, **self._end_id())
@@ -360,12 +381,37 @@ class TrtllmBackend(Backend[TrtllmSettings]):
         return self._api
 
 
+def _max_lora_rank(llm: Any) -> int | None:
+    """The engine's ``lora_config.max_lora_rank`` (a dict or TensorRT-LLM's ``LoraConfig``; 64 by default)."""
+    config = getattr(llm.args, "lora_config", None)
+    rank = config.get("max_lora_rank", 64) if isinstance(config, dict) else getattr(config, "max_lora_rank", None)
+    return int(rank) if rank is not None else None
+
+
+def _disaggregated_params(api: _Api, params: dict[str, Any]) -> Any:
+    """``DisaggregatedParams``; a handoff's first-token logprob rows as ``Logprob``s (``mapping.handoff_params``)."""
+    positions = params.get("first_gen_log_probs")
+    if positions is not None:
+        rows = [
+            position if isinstance(position, float) else {t: api.Logprob(*entry) for t, entry in position.items()}
+            for position in positions
+        ]
+        params = {**params, "first_gen_log_probs": rows}
+    return api.DisaggregatedParams(**params)
+
+
 def _abort(handle: Any) -> None:
     """``RequestOutput.abort``, which may fail harmlessly for a request that just finished."""
     try:
         handle.abort()
     except Exception:  # broad on purpose: aborting a request that just finished is harmless
         log.debug("TensorRT-LLM abort of request %s failed", getattr(handle, "request_id", "?"), exc_info=True)
+
+
+async def _read_to_the_end(handle: Any) -> None:
+    """Read a handed-off context request until TensorRT-LLM reports it final (its KV transfer done)."""
+    async for _ in handle:
+        pass
 
 
 async def _poll(read: Callable[..., AsyncIterator[Any]]) -> AsyncIterator[Any]:

@@ -35,10 +35,13 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
     """``LLM`` keyword arguments (``model`` excluded) from the driver's options.
 
     Raises ``ConfigurationError`` naming an option ``LLM`` does not take, a backend other than the
-    PyTorch one, a prefill/decode role without the cache transceiver it needs, or a prefill role
-    with the overlap scheduler on. A prefill engine gets ``disable_overlap_scheduler`` unless told
-    otherwise: TensorRT-LLM 1.2 refuses every context-only request under the overlap scheduler
-    (``executor/base_worker.py``, ``_enqueue_request``), whose default is on.
+    PyTorch one, a prefill/decode role without the cache transceiver it needs, a prefill role
+    with the overlap scheduler on, or a ``lora_config`` TensorRT-LLM cannot start with. A prefill
+    engine gets ``disable_overlap_scheduler`` unless told otherwise: TensorRT-LLM 1.2.1 refuses
+    every context-only request under the overlap scheduler, whose default is on, and ends its
+    worker doing so (``executor/base_worker.py``, ``_enqueue_request``, outside its ``try``); the
+    later text read as 1.3's has no such check, and the setting is kept there (it costs only
+    overlap on a prefill engine).
     """
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -58,7 +61,25 @@ def llm_kwargs(options: Mapping[str, Any], known: Collection[str], *, role: str)
                 "context-only requests while the overlap scheduler is on"
             )
         kwargs["disable_overlap_scheduler"] = True
+    _check_lora_config(kwargs.get("lora_config"))
     return kwargs
+
+
+def _check_lora_config(config: Any) -> None:
+    """What ``create_py_executor`` asserts once the model has loaded, checked before it loads.
+
+    Unless ``lora_dir`` names exactly one adapter (whose own config then says which modules it
+    adapts), TensorRT-LLM sizes its LoRA cache from ``lora_target_modules`` and asserts that at
+    least one is given (``_torch/pyexecutor/py_executor_creator.py``, the 1.2.1 and 1.3 texts).
+    """
+    if not isinstance(config, Mapping):
+        return
+    if len(config.get("lora_dir") or ()) != 1 and not config.get("lora_target_modules"):
+        raise ConfigurationError(
+            "trtllm: lora_config needs lora_target_modules (TensorRT-LLM's module names, for a Llama adapter "
+            '["attn_q", "attn_k", "attn_v", "attn_dense"], and "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate" for its MLP) '
+            "unless lora_dir names exactly one adapter: TensorRT-LLM cannot start without them"
+        )
 
 
 def _is_false(value: Any) -> bool:

@@ -3,15 +3,19 @@
 TensorRT-LLM loads adapters lazily, by id, into a cache it never flushes on request: an id stays
 bound to its first adapter for the engine's life, and an evicted adapter is reloaded from its
 path when a request names it again, so a request naming an adapter whose files are gone fails
-before submission.
+before submission. TensorRT-LLM 1.2.1's worker loads an adapter outside its ``RequestError``
+wrapper (``executor/base_worker.py``, ``_enqueue_request``), so an adapter that fails to load
+ends the whole engine, not one request (1.3 wraps it): ``check_adapter`` refuses what it can
+see is unloadable before anything reaches the engine.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from openengine_gateway.errors import AlreadyExists, FailedPrecondition
+from openengine_gateway.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from openengine_gateway.spi import LoadedAdapters, LoraAdapter
 
 
@@ -41,13 +45,28 @@ class LoraRegistry:
 
     def request(self, name: str | None) -> Any:
         """The adapter's ``LoRARequest`` (None for the base model); ``NotFound`` unless served,
-        ``FailedPrecondition`` if its files are gone."""
+        ``FailedPrecondition`` if its files are gone (1.2.1 reloads it, and a failed load ends its worker)."""
         request = self._requests.find(name)
         if request is None:
             return None
-        if not Path(request.lora_path).exists():
-            raise FailedPrecondition(f"LoRA adapter {name!r}: {request.lora_path} no longer exists")
+        if not (Path(request.lora_path) / "adapter_config.json").exists():
+            raise FailedPrecondition(f"LoRA adapter {name!r}: {request.lora_path} holds no adapter_config.json now")
         return request
 
 
-__all__ = ["LoraRegistry"]
+def check_adapter(name: str, path: str, max_rank: int | None) -> None:
+    """``InvalidArgument`` for a Hugging Face adapter TensorRT-LLM could not load: no readable
+    ``adapter_config.json``, or a rank above the engine's ``max_lora_rank``."""
+    config_path = Path(path) / "adapter_config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"LoRA adapter {name!r}: no readable {config_path} ({exc})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"LoRA adapter {name!r}: {config_path} is not a JSON object")
+    rank = config.get("r")
+    if max_rank is not None and isinstance(rank, int) and rank > max_rank:
+        raise InvalidArgument(f"LoRA adapter {name!r} has rank {rank}; the engine's lora_config takes {max_rank}")
+
+
+__all__ = ["LoraRegistry", "check_adapter"]

@@ -49,7 +49,19 @@ _GUIDE_FIELDS = {
 _REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}/")
 _INT_HANDOFF = ("ctx_dp_rank", "schedule_style")
 _INT_LIST_HANDOFF = ("first_gen_tokens", "draft_tokens")
-_HANDOFF_KEYS = frozenset({*_INT_HANDOFF, *_INT_LIST_HANDOFF, "opaque_state", "ctx_info_endpoint", "disagg_request_id"})
+_HANDOFF_KEYS = frozenset(
+    {
+        *_INT_HANDOFF,
+        *_INT_LIST_HANDOFF,
+        "opaque_state",
+        "ctx_info_endpoint",
+        "disagg_request_id",
+        "ctx_usage",
+        "first_gen_log_probs",
+    }
+)
+"""What a prefill's session may carry: this driver's attributes and those of TensorRT-LLM's own servicer
+(``grpc/openengine/disagg.py``, which adds ``ctx_usage`` and ``first_gen_log_probs``)."""
 _LOCATORS = ("opaque_state", "ctx_info_endpoint")
 
 
@@ -72,7 +84,7 @@ def plan_generation(request: GenerationRequest, features: EngineFeatures, *, pro
     """Map a validated request for a prompt of ``prompt_len`` tokens; raises ``InvalidArgument``."""
     sampling = _sampling(request, features)
     sampling.update(_stopping(request, features, prompt_len))
-    sampling.update(_logprobs(request.output_logprobs))
+    sampling.update(_logprobs(request.output_logprobs, sampling, features))
     guided = guided_kwargs(request.guidance, features.guided_backend) if request.guidance else None
     priority = None
     if request.priority is not None:
@@ -104,7 +116,8 @@ def _stopping(request: GenerationRequest, features: EngineFeatures, prompt_len: 
     if features.role == pb.ENGINE_ROLE_PREFILL:  # the context phase; the decode engine applies the stopping
         stopping = Stopping(max_tokens=1)
         request = dataclasses.replace(request, stopping=stopping)
-    max_tokens = resolve_max_tokens(request, prompt_len, features.max_seq_len)
+    generation_only = request.kv_session is not None and features.role != pb.ENGINE_ROLE_PREFILL
+    max_tokens = resolve_max_tokens(request, prompt_len, features.max_context(generation_only=generation_only))
     if stopping.min_tokens and stopping.stop_token_ids:
         raise InvalidArgument(
             "stopping.min_tokens with stop token ids: TensorRT-LLM holds back only the end-of-sequence token "
@@ -124,12 +137,35 @@ def _stopping(request: GenerationRequest, features: EngineFeatures, prompt_len: 
     return values
 
 
-def _logprobs(wanted: LogprobRequest | None) -> dict[str, Any]:
-    """TensorRT-LLM's top-k count; at least 1, since 0 turns logprobs off."""
+def _logprobs(wanted: LogprobRequest | None, sampling: dict[str, Any], features: EngineFeatures) -> dict[str, Any]:
+    """TensorRT-LLM's top-k count, wide enough that every row holds the sampled token.
+
+    ``TorchSampler`` returns the top-k rows of the unscaled distribution and nothing for the
+    sampled token itself (``_torch/pyexecutor/sampler.py``, the 1.2-period text: ``torch.topk``
+    over ``log_softmax``). Greedy decoding samples the top token, and top-k sampling one of the
+    top k, so asking ``max(top_n, top_k)`` rows holds every sampled token (the candidates are cut
+    to the top N asked for, ``outputs``); any other sampling could sample a token no row holds,
+    and every record must carry its own logprob, so it is refused. The speculative samplers return
+    the sampled token's logprob alone (``features.sampled_logprob_only``).
+    """
     if wanted is None:
         return {}
     top_n = wanted.candidates.top_n if wanted.candidates is not None else 0
-    return {"logprobs": max(top_n, 1)}
+    if _greedy(sampling) or features.sampled_logprob_only:
+        return {"logprobs": max(top_n, 1)}
+    cap = features.max_top_logprobs
+    top_k = int(sampling.get("top_k") or 0)
+    if 0 < top_k <= cap:
+        return {"logprobs": max(top_n, top_k)}
+    raise InvalidArgument(
+        f"output logprobs while sampling need sampling.top_k between 1 and {cap} on TensorRT-LLM (or temperature "
+        "0): its sampler returns the top-k logprobs only, so a sampled token outside them would have none"
+    )
+
+
+def _greedy(sampling: dict[str, Any]) -> bool:
+    """``SamplingParams._greedy_decoding`` for the knobs the driver sets (``sampling_params.py``)."""
+    return sampling.get("temperature") == 0 or sampling.get("top_k") == 1 or sampling.get("top_p") == 0
 
 
 def _attention_dp_rank(request: GenerationRequest, features: EngineFeatures) -> int | None:
@@ -183,11 +219,15 @@ def disaggregated_kwargs(request: GenerationRequest, features: EngineFeatures) -
 def handoff_params(session: KvSession, fields: frozenset[str]) -> dict[str, Any]:
     """A prefill's ``KvSession`` back as generation-only ``DisaggregatedParams`` arguments.
 
-    Only the ``fields`` the installed ``DisaggregatedParams`` has are passed (1.2's lacks
-    ``ctx_dp_rank``, ``ctx_info_endpoint``, ``schedule_style`` and ``disagg_request_id``, which a
-    later release's prefill may send). TensorRT-LLM waits for the context worker on its executor
-    loop without a timeout, so a session it could not resolve is rejected here rather than
-    stalling every request.
+    Takes this driver's sessions and those of TensorRT-LLM's own servicer, as its
+    ``grpc/openengine/disagg.py`` reads them: ``ctx_usage``
+    (token counts) and ``first_gen_log_probs`` (per position a float, or ``[token_id, logprob,
+    rank]`` triples) may be present; the latter come back as floats or ``{token_id: (logprob,
+    rank)}`` for ``engine`` to make ``Logprob``s of. Only the ``fields`` the installed
+    ``DisaggregatedParams`` has are passed (1.2's lacks ``ctx_dp_rank``, ``ctx_info_endpoint``,
+    ``schedule_style``, ``disagg_request_id``, ``first_gen_log_probs`` and ``ctx_usage``).
+    TensorRT-LLM waits for the context worker on its executor loop without a timeout, so a
+    session it could not resolve is rejected here rather than stalling every request.
     """
     attributes = dict(session.attributes)
     unknown = sorted(set(attributes) - _HANDOFF_KEYS)
@@ -205,6 +245,10 @@ def handoff_params(session: KvSession, fields: frozenset[str]) -> dict[str, Any]
             params["disagg_request_id"] = int(str(attributes["disagg_request_id"]))
         if attributes.get("opaque_state"):
             params["opaque_state"] = base64.b64decode(str(attributes["opaque_state"]), validate=True)
+        if attributes.get("ctx_usage") is not None:
+            params["ctx_usage"] = {str(key): _count(value) for key, value in dict(attributes["ctx_usage"]).items()}
+        if attributes.get("first_gen_log_probs") is not None:
+            params["first_gen_log_probs"] = [_position(entry) for entry in attributes["first_gen_log_probs"]]
     except (ValueError, TypeError, binascii.Error) as exc:
         raise InvalidArgument(f"kv.session is not a TensorRT-LLM handoff: {exc}") from None
     if "ctx_dp_rank" not in params and session.dp_rank:
@@ -219,15 +263,31 @@ def handoff_params(session: KvSession, fields: frozenset[str]) -> dict[str, Any]
         wanted = " or ".join(name for name in _LOCATORS if name in fields)
         raise InvalidArgument(f"kv.session carries no {wanted} this TensorRT-LLM takes (it locates the context worker)")
     if not params.get("first_gen_tokens"):
-        raise InvalidArgument("kv.session carries no first_gen_tokens (the prefill's first token)")
+        # TensorRT-LLM's own servicer does not check this, but its prefills always send them; the
+        # executor's ContextPhaseParams takes them as a token list, outside 1.2.1's RequestError wrapper.
+        raise InvalidArgument("kv.session carries no first_gen_tokens (TensorRT-LLM resumes from the prefill's token)")
     return params
+
+
+def _count(value: Any) -> Any:
+    """A Struct number (a double) back as the token count it was."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _position(entry: Any) -> float | dict[int, tuple[float, int | None]]:
+    """One ``first_gen_log_probs`` position as TensorRT-LLM's servicer serialises it."""
+    if not isinstance(entry, list):
+        return float(entry)
+    return {int(token): (float(logprob), None if rank is None else int(rank)) for token, logprob, rank in entry}
 
 
 def prefill_session(params: Any, *, transfer_backend: str) -> KvSession:
     """The ``KvSession`` a prefill hands to decode, from TensorRT-LLM's ``DisaggregatedParams``.
 
     The context request id is the session id; ids and opaque bytes travel as strings (a
-    Struct number is a double, and ids may pass 2**53), token lists as numbers.
+    Struct number is a double, and ids may pass 2**53), token lists as numbers; ``ctx_usage`` and
+    ``first_gen_log_probs`` (a later release's) as TensorRT-LLM's servicer writes them, so either
+    side may be TensorRT-LLM's own server.
     """
     attributes: dict[str, Any] = {}
     for name in _INT_HANDOFF:
@@ -244,6 +304,12 @@ def prefill_session(params: Any, *, transfer_backend: str) -> KvSession:
     opaque = getattr(params, "opaque_state", None)
     if opaque is not None:
         attributes["opaque_state"] = base64.b64encode(opaque).decode("ascii")
+    usage = getattr(params, "ctx_usage", None)
+    if usage is not None:
+        attributes["ctx_usage"] = dict(usage)
+    first_logprobs = getattr(params, "first_gen_log_probs", None)
+    if first_logprobs is not None:
+        attributes["first_gen_log_probs"] = [_serialised(position) for position in first_logprobs]
     endpoint: str | None = getattr(params, "ctx_info_endpoint", None)
     endpoints: tuple[Endpoint, ...] = ()
     if endpoint:
@@ -258,6 +324,13 @@ def prefill_session(params: Any, *, transfer_backend: str) -> KvSession:
         dp_rank=int(getattr(params, "ctx_dp_rank", None) or 0),
         attributes=attributes,
     )
+
+
+def _serialised(position: Any) -> Any:
+    """A ``first_gen_log_probs`` position as TensorRT-LLM's servicer writes it (a float, or triples)."""
+    if not isinstance(position, dict):
+        return float(position)
+    return [[int(token), float(entry.logprob), entry.rank] for token, entry in position.items()]
 
 
 __all__ = [

@@ -28,9 +28,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Installed:
     return install(monkeypatch)
 
 
-def trtllm(**options: Any) -> TrtllmBackend:
-    """A driver for the fake model; ``options`` are ``LLM`` arguments or driver options."""
-    return TrtllmBackend(TrtllmSettings(model="/models/fake-llama", **options))
+def trtllm(model: str = "/models/fake-llama", **options: Any) -> TrtllmBackend:
+    """A driver for the fake model (``model`` is where its generation config is read); ``options`` are ``LLM``
+    arguments or driver options."""
+    return TrtllmBackend(TrtllmSettings(model=model, **options))
 
 
 def request(prompt: str | list[int] = "The fox", model: str = MODEL, **fields: Any) -> pb.GenerateRequest:

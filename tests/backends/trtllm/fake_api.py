@@ -1,4 +1,6 @@
-"""The parameter classes of TensorRT-LLM 1.2's LLM API, as its sources define them, and ``install``.
+"""The parameter classes of TensorRT-LLM's LLM API, as its sources define them, and ``install``.
+
+``install`` fakes one release: 1.2.1 by default, or 1.3.0rc29 (``RELEASES``), where they differ.
 
 Field names, defaults and the validation the driver relies on follow ``tensorrt_llm/sampling_params.py``
 (``SamplingParams`` with ``n``/``best_of`` checked in ``__post_init__``, greedy decoding refusing
@@ -8,6 +10,8 @@ Field names, defaults and the validation the driver relies on follow ``tensorrt_
 path) and ``llmapi/llm_args.py`` (``TorchLlmArgs``: a pydantic model that refuses unknown names and
 coerces strings; ``disable_overlap_scheduler`` off and ``sampler_type`` ``auto`` by default).
 ``install`` puts them, with the fake ``LLM``, under TensorRT-LLM's module names for one test.
+``DisaggregatedParams13`` follows the stored later ``disaggregated_params.py`` (commit 01009a3: the
+four later ids and ``first_gen_log_probs``), read as 1.3's.
 """
 
 from __future__ import annotations
@@ -128,6 +132,44 @@ class DisaggregatedParams:
 
 
 @dataclass(slots=True, kw_only=True)
+class DisaggregatedParams13(DisaggregatedParams):
+    first_gen_log_probs: list[Any] | None = None
+    first_gen_logits: list[Any] | None = None
+    disagg_request_id: int | None = None
+    ctx_dp_rank: int | None = None
+    ctx_info_endpoint: str | None = None
+    schedule_style: int | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    """Where the faked releases differ, each as the named upstream text says."""
+
+    version: str
+    disaggregated_params: type
+    priority: bool
+    """``generate_async`` takes a ``priority`` (the later ``llmapi/llm.py``, ``base_worker.py`` passing it on)."""
+    worker_wraps_all: bool
+    """``BaseWorker._enqueue_request`` wraps an adapter that fails to load in ``RequestError`` and
+    raises for a prompt ``max_seq_len`` cannot hold (the later ``executor/base_worker.py`` text); 1.2.1's
+    loads adapters before its ``try``, so the failure ends the worker (``executor/worker.py``,
+    ``worker_main``: only ``RequestError`` becomes a response), and only warns in ``_deduce_max_tokens``."""
+    overlap_refuses_context_only: bool
+    """1.2.1's ``_enqueue_request`` raises a ``ValueError`` (outside its ``try``) for a context-only request
+    under the overlap scheduler; the later text has no such check."""
+
+
+RELEASES = {
+    "1.2.1": Release(
+        "1.2.1", DisaggregatedParams, priority=False, worker_wraps_all=False, overlap_refuses_context_only=True
+    ),
+    "1.3.0rc29": Release(
+        "1.3.0rc29", DisaggregatedParams13, priority=True, worker_wraps_all=True, overlap_refuses_context_only=False
+    ),
+}
+
+
+@dataclass(slots=True, kw_only=True)
 class SchedulingParams:
     attention_dp_rank: int | None = None
     attention_dp_relax: bool = True
@@ -190,11 +232,16 @@ class Installed:
     contexts: dict[int, Any] = field(default_factory=dict)
 
 
-def install(monkeypatch: pytest.MonkeyPatch, *, priority: bool = False) -> Installed:
-    """Make ``import tensorrt_llm`` (and the submodules the driver imports) find the fake."""
+def install(
+    monkeypatch: pytest.MonkeyPatch, *, priority: bool = False, version: str = "1.2.1", versioned: str | None = None
+) -> Installed:
+    """Make ``import tensorrt_llm`` (and the submodules the driver imports) find the fake of release ``version``
+    (``versioned`` overrides only the version string it reports, for a release the driver refuses)."""
     from . import fake_llm
 
-    llm_class = fake_llm.PriorityLLM if priority else fake_llm.LLM
+    release = RELEASES[version]
+    llm_class = fake_llm.PriorityLLM if priority or release.priority else fake_llm.LLM
+    monkeypatch.setattr(fake_llm, "RELEASE", release)
     fake_llm.CONTEXTS.clear()
     fake_llm.ENGINES.clear()
     installed = Installed(llm_class, fake_llm.ENGINES, fake_llm.CONTEXTS)
@@ -203,15 +250,16 @@ def install(monkeypatch: pytest.MonkeyPatch, *, priority: bool = False) -> Insta
     modules = {
         "tensorrt_llm": _module(
             "tensorrt_llm",
-            __version__="1.2.1",
+            __version__=versioned or release.version,
             LLM=llm_class,
             SamplingParams=SamplingParams,
             sampling_params=sampling_module,
         ),
         "tensorrt_llm.sampling_params": sampling_module,
         "tensorrt_llm.disaggregated_params": _module(
-            "tensorrt_llm.disaggregated_params", DisaggregatedParams=DisaggregatedParams
+            "tensorrt_llm.disaggregated_params", DisaggregatedParams=release.disaggregated_params
         ),
+        "tensorrt_llm.executor.result": _module("tensorrt_llm.executor.result", Logprob=fake_llm.Logprob),
         "tensorrt_llm.executor": _module("tensorrt_llm.executor", LoRARequest=LoRARequest),
         "tensorrt_llm.executor.request": _module("tensorrt_llm.executor.request", LoRARequest=LoRARequest),
         "tensorrt_llm.llmapi": _module("tensorrt_llm.llmapi", LLM=llm_class, TorchLlmArgs=TorchLlmArgs),
@@ -230,12 +278,15 @@ def _module(name: str, **members: Any) -> types.ModuleType:
 
 
 __all__ = [
+    "RELEASES",
     "CacheTransceiverConfig",
     "DisaggregatedParams",
+    "DisaggregatedParams13",
     "GuidedDecodingParams",
     "Installed",
     "KvCacheConfig",
     "LoRARequest",
+    "Release",
     "SamplingParams",
     "SchedulerConfig",
     "SchedulingParams",

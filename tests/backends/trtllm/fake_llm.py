@@ -1,29 +1,42 @@
-"""A stand-in for TensorRT-LLM 1.2.1's ``LLM`` that behaves as its sources say, over a tiny model.
+"""A stand-in for TensorRT-LLM's ``LLM`` (1.2.1, or 1.3.0rc29: ``fake_api.RELEASES``) over a tiny model.
 
-Each behaviour names the upstream file it follows:
+Each behaviour names the upstream file it follows (the 1.2.1-era text unless a release is named):
 
-* ``llmapi/llm.py``: ``generate_async`` submits at once (a prompt over ``max_num_tokens`` is a
-  ``ValueError`` there, or the worker's ``RequestError`` as older proxies raised it) and returns
-  one ``RequestOutput`` that every step mutates and yields again: token ids, text and logprobs
-  are cumulative; ``await`` runs it to the end; ``args.max_seq_len`` stays None unless given;
-* ``executor/base_worker.py``: ``_enqueue_request`` wraps every failure in ``RequestError``,
-  which the proxy delivers while the result is read: a context-only request while the overlap
-  scheduler is on, an adapter that does not load, a prompt the executor's ``max_seq_len`` cannot
-  hold; a ``lora_request`` is ignored (the base model serves it) without a ``lora_config``;
-  ``max_tokens`` is cut to what the resolved ``max_seq_len`` leaves; ``abort_request`` of a
+* ``llmapi/llm.py``: ``generate_async`` submits at once; ``_check_arguments`` refuses a prompt over
+  ``max_num_tokens`` with a ``ValueError`` unless chunked prefill is on or the request is
+  generation-only (or the worker's ``RequestError``, as older proxies raised it); it returns one
+  ``RequestOutput`` that every step mutates and yields again: token ids, text and logprobs are
+  cumulative; ``await`` runs it to the end; ``args.max_seq_len`` stays None unless given;
+* ``_torch/pyexecutor/py_executor_creator.py``: a ``lora_config`` without ``lora_target_modules``
+  that does not name exactly one ``lora_dir`` is an ``AssertionError`` at start;
+* ``executor/base_worker.py``, ``_enqueue_request``: what it raises inside its ``try`` is a
+  ``RequestError``, which the proxy delivers while the result is read; on 1.2.1 an adapter that does
+  not load and a context-only request under the overlap scheduler raise before that ``try``, and
+  ``executor/worker.py`` (``worker_main``) lets anything but a ``RequestError`` end the worker: the
+  request fails and every later submission raises; 1.3 wraps the adapter's failure and has no
+  overlap check; a ``lora_request`` is ignored (the base model serves it) without a ``lora_config``;
+  ``_deduce_max_tokens`` cuts ``max_tokens`` to what the resolved ``max_seq_len`` leaves, and for a
+  prompt that leaves nothing 1.2.1 only warns (what its executor then does is not modelled: the fake
+  raises ``NotImplementedError``) while 1.3 raises (a ``RequestError``); ``abort_request`` of a
   finished request only logs that it cannot;
 * ``_torch/pyexecutor/_util.py``, ``resource_manager.py``: the executor's ``max_seq_len`` is
   the given one or the model's ``max_position_embeddings``, cut to what the KV pool holds;
-* ``_torch/pyexecutor/py_executor.py``: a context-only request stops after one token and is
-  final at once: its ``RequestOutput`` is finished with the handoff, while the executor keeps
-  the KV cache (``ctx_in_transmission_requests``) until a generation-only request pulls it; a
-  generation-only output starts with the context's first token, which has no logprob;
+* ``_torch/pyexecutor/py_executor.py``: a context-only request stops after one token; the executor
+  keeps the KV cache (``ctx_in_transmission_requests``) until a generation-only request pulls it; a
+  generation-only output starts with the context's first token, which has no logprob unless the
+  handoff carries ``first_gen_log_probs`` (1.3); by default (``HANDOFF_ORDER`` ``"final"``) the
+  result is final with the handoff; ``grpc/openengine/streaming.py`` (the servicer's
+  pending-handoff path) handles the two other orders the executor can produce, modelled by
+  ``HANDOFF_ORDER``: ``"handoff_first"`` (the handoff before the result is final, which it becomes
+  once the KV transfer is done: when the generation side pulls it; an abort cancels the transfer)
+  and ``"finish_first"`` (the finish reason a step before the handoff);
 * ``_torch/pyexecutor/sampler.py`` (``TorchSampler``, the default ``sampler_type``): greedy,
   temperature, top-k and top-p only; penalties, ``min_p`` and the seed are ignored (one
   generator seeded 42 serves every request); ``TRTLLMSampler`` takes the seed (its penalties
   are accepted and not modelled here); ``min_tokens`` masks the end id alone
   (``_apply_min_length_penalty``); a logprob row is the top-k ``{token_id: Logprob(logprob,
-  rank)}`` plus the sampled token with its rank when it falls outside them;
+  rank)}`` of the unscaled distribution (``torch.topk`` over ``log_softmax``), nothing more: a
+  sampled token outside them has no logprob;
 * ``executor/result.py``: an EOS is left out of the output; a stop token id is trimmed unless
   ``include_stop_str_in_output`` (its logprob row is not);
 * guided decoding is ignored unless the engine has a ``guided_decoding_backend`` (regexes, and so
@@ -50,7 +63,7 @@ from typing import Any
 
 import regex
 
-from .fake_api import DisaggregatedParams, SamplingParams, TorchLlmArgs
+from .fake_api import RELEASES, Release, SamplingParams, TorchLlmArgs
 
 PIECES = [
     "<unk>",
@@ -69,6 +82,10 @@ OVERLAP_REFUSAL = "Context only requests are not supported in pytorch backend wh
 """``BaseWorker._enqueue_request``'s words for a context-only request under the overlap scheduler."""
 ENGINES: list[LLM] = []
 """Every fake engine started since ``install``, for tests to look into."""
+RELEASE: Release = RELEASES["1.2.1"]
+"""The release faked (``fake_api.install`` sets it)."""
+HANDOFF_ORDER = "final"
+"""How a context-only request reaches its handoff: ``"final"``, ``"handoff_first"`` or ``"finish_first"``."""
 
 
 class RequestError(RuntimeError):
@@ -163,6 +180,8 @@ class RequestOutput:
         disagg = options.get("disaggregated_params")
         self._context_only = disagg is not None and disagg.request_type == "context_only"
         self._from_context = disagg.ctx_request_id if disagg is not None and not self._context_only else None
+        self._pulled = asyncio.Event()
+        """Set when the generation side took this context's KV cache (or an abort cancelled the transfer)."""
 
     @property
     def outputs(self) -> list[CompletionOutput]:
@@ -177,6 +196,9 @@ class RequestOutput:
             log.warning("Request of client_id %s is finished, cannot abort it.", self.request_id)
             return
         self._aborted = True
+        if CONTEXTS.get(self.request_id) is self:  # handed off, not yet pulled: the KV transfer is cancelled
+            del CONTEXTS[self.request_id]
+        self._pulled.set()
 
     def aborted(self) -> bool:
         return self._aborted
@@ -187,6 +209,8 @@ class RequestOutput:
     async def __anext__(self) -> RequestOutput:
         if self._done:
             raise StopAsyncIteration
+        if self._context_only and self._outputs[0].disaggregated_params is not None:
+            await self._pulled.wait()  # final once the KV transfer is done (or cancelled)
         await asyncio.sleep(STEP_S)
         self._step()
         return self
@@ -205,52 +229,79 @@ class RequestOutput:
         if self._aborted:
             for output in self._outputs:
                 output.finish_reason = output.finish_reason or "cancelled"
+            CONTEXTS.pop(self.request_id, None)  # the KV transfer is cancelled
             self._finish(store=False)
+            return
+        if self._context_only and self._outputs[0].disaggregated_params is not None:
+            self._finish(store=False)  # the KV transfer is done
+            llm.record_stats()
             return
         if self._steps == 1:
             self._first_step(llm)
-        for output in self._outputs:
-            if output.finish_reason is None:
-                self._sample(output, params)
-            if output.finish_reason is None and output.sampled >= params.max_tokens:
-                output.finish_reason = "length"
-            output.text = llm.tokenizer_for_text.decode(output.token_ids, skip_special_tokens=True)
-        if self._context_only:  # final at the handoff; the executor keeps the KV cache
-            output = self._outputs[0]
-            output.disaggregated_params = DisaggregatedParams(
-                request_type="context_only",
-                first_gen_tokens=list(output.token_ids),
-                ctx_request_id=self.request_id,
-                opaque_state=b"\x00ctx-%d" % self.request_id,
-            )
-            CONTEXTS[self.request_id] = self
-            self._finish(store=False)
-        elif all(output.finish_reason for output in self._outputs):
+        if not (self._context_only and self._steps > 1):  # a context request samples its one token only
+            for output in self._outputs:
+                if output.finish_reason is None:
+                    self._sample(output, params)
+                if output.finish_reason is None and output.sampled >= params.max_tokens:
+                    output.finish_reason = "length"
+                output.text = llm.tokenizer_for_text.decode(output.token_ids, skip_special_tokens=True)
+        if self._context_only and (HANDOFF_ORDER != "finish_first" or self._steps > 1):
+            self._hand_off()
+        elif not self._context_only and all(output.finish_reason for output in self._outputs):
             self._finish(store=True)
         llm.record_stats()
+
+    def _hand_off(self) -> None:
+        """The context's handoff; the executor keeps its KV cache for the generation side."""
+        output = self._outputs[0]
+        extra: dict[str, Any] = {}
+        if "first_gen_log_probs" in RELEASE.disaggregated_params.__dataclass_fields__ and output.logprobs:
+            extra["first_gen_log_probs"] = list(output.logprobs)
+        output.disaggregated_params = RELEASE.disaggregated_params(
+            request_type="context_only",
+            first_gen_tokens=list(output.token_ids),
+            ctx_request_id=self.request_id,
+            opaque_state=b"\x00ctx-%d" % self.request_id,
+            **extra,
+        )
+        CONTEXTS[self.request_id] = self
+        if HANDOFF_ORDER != "handoff_first":
+            self._finish(store=False)
 
     def _first_step(self, llm: LLM) -> None:
         """``BaseWorker._enqueue_request``: what it refuses arrives here, as the result is read."""
         args = llm.args
-        if self._context_only and not args.disable_overlap_scheduler and args.cache_transceiver_config:
-            raise RequestError(OVERLAP_REFUSAL)
+        overlap = not args.disable_overlap_scheduler and args.cache_transceiver_config
+        if self._context_only and overlap and RELEASE.overlap_refuses_context_only:
+            llm.worker_failed(ValueError(OVERLAP_REFUSAL))
         lora = self.options.get("lora_request")
         loaded = lora is None or (Path(lora.lora_path) / "adapter_config.json").exists()
         if llm.lora_enabled and not loaded:  # without a lora_config the base model serves it
-            raise RequestError(f"failed to load LoRA adapter from {lora.lora_path}")
-        if len(self.prompt_token_ids) >= llm.max_seq_len:
+            failure = ValueError(f"failed to load LoRA adapter from {lora.lora_path}")
+            if not RELEASE.worker_wraps_all:
+                llm.worker_failed(failure)
+            raise RequestError(f"Failed to load LoRA adapter: {failure}")
+        room = llm.max_seq_len - len(self.prompt_token_ids)
+        if room <= 0 and RELEASE.worker_wraps_all:
             raise RequestError(
-                f"`prompt_token_ids` length ({len(self.prompt_token_ids)}) is greater than `max_seq_len` "
-                f"({llm.max_seq_len})"
+                f"`default_max_tokens` ({room}) must be greater than 0, `default_max_tokens` ({room}) = max_seq_len "
+                f"({llm.max_seq_len}) - `splited_prompt_len` ({len(self.prompt_token_ids)}) - `query_token_len` (0)"
             )
+        if room <= 0:
+            log.warning("`default_max_tokens` (%d) should be greater than 0", room)
+            raise NotImplementedError("the fake does not model 1.2.1's executor with a prompt max_seq_len cannot hold")
         self.cached_tokens = llm.cached_prefix(self.prompt_token_ids, self.options.get("cache_salt"))
         if self._from_context is not None:
             context = CONTEXTS.pop(self._from_context, None)
             if context is None or context.prompt_token_ids != self.prompt_token_ids:
                 raise RuntimeError(f"no context request {self._from_context} holds this prompt")
-            first = self.options["disaggregated_params"].first_gen_tokens
-            self._outputs[0].token_ids.extend(first)  # no logprob: the context worker kept it
+            context._pulled.set()
+            handoff = self.options["disaggregated_params"]
+            first = handoff.first_gen_tokens
+            self._outputs[0].token_ids.extend(first)
             self._outputs[0].sampled = len(first)
+            if getattr(handoff, "first_gen_log_probs", None) and self.sampling_params.logprobs:
+                self._outputs[0].logprobs.extend(handoff.first_gen_log_probs)
 
     def _sample(self, output: CompletionOutput, params: SamplingParams) -> None:
         context = [*self.prompt_token_ids, *output.token_ids]
@@ -266,9 +317,9 @@ class RequestOutput:
         output.token_ids.append(token)
         if params.logprobs:
             ranked = sorted(range(len(scores)), key=lambda t: (-scores[t], t))
-            row = {t: Logprob(scores[t], rank) for rank, t in enumerate(ranked[: params.logprobs], start=1)}
-            row.setdefault(token, Logprob(scores[token], ranked.index(token) + 1))
-            output.logprobs.append(row)
+            output.logprobs.append(
+                {t: Logprob(scores[t], rank) for rank, t in enumerate(ranked[: params.logprobs], start=1)}
+            )
         if token == EOS and not params.ignore_eos:
             output.token_ids.pop()  # the executor leaves the end id out, with its logprob
             if params.logprobs:
@@ -285,9 +336,14 @@ class RequestOutput:
         rng = self._llm.generator
         if self._llm.args.sampler_type == "TRTLLMSampler" and params.seed is not None:
             rng = random.Random(hash((params.seed, output.index, output.sampled)))
+        ranked = sorted(choices, key=lambda t: (-scores[t], t))[: params.top_k or None]  # top-k, then top-p
         temperature = params.temperature or 1.0
-        weights = [math.exp(scores[t] / temperature) for t in choices]
-        return rng.choices(choices, weights)[0]
+        weights = [math.exp(scores[t] / temperature) for t in ranked]
+        kept, mass = 0, 0.0
+        while kept < len(ranked) and mass < (params.top_p if params.top_p is not None else 1.0) * sum(weights):
+            mass += weights[kept]
+            kept += 1
+        return rng.choices(ranked[: max(kept, 1)], weights[: max(kept, 1)])[0]
 
     def _finish(self, *, store: bool) -> None:
         self._done = True
@@ -322,6 +378,9 @@ class LLM:
             dtype=dtype,
             **kwargs,
         )
+        lora = self.args.lora_config
+        if lora is not None and len(lora.get("lora_dir") or ()) != 1:  # py_executor_creator.create_py_executor
+            assert len(lora.get("lora_target_modules") or ()) >= 1, "Expecting at least one lora target module"
         self.tokenizer_for_text = Tokenizer()
         self.tokenizer: Tokenizer | None = None if skip_tokenizer_init else self.tokenizer_for_text
         self._hf_model_config = type("Config", (), {"max_position_embeddings": 256, "eos_token_id": EOS})()
@@ -335,9 +394,16 @@ class LLM:
         self._iterations = 0
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._shutdown = False
+        self.worker_error: Exception | None = None
+        """What ended the worker process (``executor/worker.py``, ``worker_main``), if anything did."""
         self._event_ids = itertools.count()
         self._event("created", num_blocks_per_cache_level=[TOTAL_BLOCKS, 0])
         ENGINES.append(self)
+
+    def worker_failed(self, error: Exception) -> None:
+        """An exception outside ``_enqueue_request``'s ``RequestError`` wrapper ends the worker."""
+        self.worker_error = RuntimeError(f"Executor worker returned error: {error}")
+        raise error
 
     @property
     def lora_enabled(self) -> bool:
@@ -372,6 +438,8 @@ class LLM:
     def _submit(self, inputs: Any, params: SamplingParams | None, **options: Any) -> RequestOutput:
         if self._shutdown:
             raise RuntimeError("LLM is shutting down")
+        if self.worker_error is not None:  # executor/proxy.py: a dead worker's error, raised on submission
+            raise self.worker_error
         params = (params or SamplingParams())._setup(self.tokenizer)
         if params.stop:
             raise NotImplementedError("the fake does not implement TensorRT-LLM's stop strings")
@@ -382,7 +450,9 @@ class LLM:
             list(inputs["prompt_token_ids"]) if isinstance(inputs, dict) else self.tokenizer_for_text.encode(inputs)
         )
         max_num_tokens = self.args.max_num_tokens
-        if not self.args.enable_chunked_prefill and max_num_tokens and len(prompt) > max_num_tokens:
+        generation_only = disagg is not None and disagg.request_type == "generation_only"
+        bounded = not self.args.enable_chunked_prefill and not generation_only and max_num_tokens
+        if bounded and len(prompt) > max_num_tokens:
             raise self.refusal(f"The sum of prompt length ({len(prompt)}) should not exceed max_num_tokens")
         if (params.best_of or 1) > (self.args.max_batch_size or 1):
             raise ValueError("sampling_params.n cannot exceed max_batch_size")

@@ -91,6 +91,20 @@ def test_the_context_length_is_what_the_executor_enforces_not_the_model_config()
     assert model_info(features(llm(), stats=small_pool), "m").max_context_length == 320
 
 
+def test_without_chunked_prefill_max_num_tokens_bounds_the_prompt_but_not_a_handoffs() -> None:
+    """``LLM._check_arguments`` refuses a prompt over ``max_num_tokens`` unless chunked prefill is on
+    or the request is generation-only: the longest context is then ``max_num_tokens`` + 1."""
+    # The issue's Llama-3.1 engine: 131,072 positions, a pool that holds them, the default 8,192 batched tokens.
+    big_pool = {**STATS, "kvCacheStats": {"maxNumBlocks": 4096, "tokensPerBlock": 32}}
+    llama = features(llm(max_num_tokens=8192, max_seq_len=131072), stats=big_pool)
+    assert llama.max_context() == model_info(llama, "m").max_context_length == 8193
+    assert llama.max_context(generation_only=True) == 131072
+    chunked = features(llm(max_num_tokens=8192, max_seq_len=131072, enable_chunked_prefill=True), stats=big_pool)
+    assert chunked.max_context() == model_info(chunked, "m").max_context_length == 131072
+    decode = dataclasses.replace(llama, role=pb.ENGINE_ROLE_DECODE)  # its requests are handoffs
+    assert model_info(decode, "m").max_context_length == 131072
+
+
 def test_lora_is_advertised_only_with_a_lora_config() -> None:
     """Without ``lora_config`` TensorRT-LLM's worker ignores a ``lora_request`` (``enable_lora`` is for TRT engines)."""
     assert not features(llm(enable_lora=True)).lora
@@ -157,7 +171,9 @@ def test_attention_dp_ranks_and_disaggregation_roles() -> None:
     # TensorRT-LLM 1.2.1 finishes a prefill at its handoff and keeps its KV cache where no call reaches it.
     assert connector.HasField("supports_abort_cleanup") and not connector.supports_abort_cleanup
     decode = kv_connector(dataclasses.replace(prefill, role=pb.ENGINE_ROLE_DECODE))
-    assert decode is not None and decode.supports_decode_pull and not decode.supports_abort_cleanup
+    # It resumes from the prefill's handoff, with no pull channel: TensorRT-LLM's own servicer says false too.
+    assert decode is not None and decode.supports_remote_prefill and not decode.supports_decode_pull
+    assert not decode.supports_abort_cleanup
     assert kv_connector(features(llm())) is None
 
 

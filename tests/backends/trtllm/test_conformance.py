@@ -2,7 +2,10 @@
 
 Three engines: aggregated (LoRA, KV events, statistics, no grammar backend: the fake cannot
 honour JSON or EBNF guides, so guidance is advertised unsupported and must be refused),
-prefill and decode (a cache transceiver). Rules an engine does not advertise report
+prefill and decode (a cache transceiver). The model's generation config sets top_k 20, as Qwen3's
+does: the kit asks output logprobs of a request that sets no knob, which TensorRT-LLM's top-k
+logprob rows serve only under top-k sampling (``mapping``; the refusal without one is tested in
+``test_engine``). Rules an engine does not advertise report
 not-applicable and are skipped; disruptive rules (a Drain that stops admission) are left out.
 """
 
@@ -30,12 +33,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
-async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+async def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Target]:
     """One configuration's engine as a conformance target."""
+    model = tmp_path_factory.mktemp("model")
+    (model / "generation_config.json").write_text('{"top_k": 20}')
     with pytest.MonkeyPatch.context() as patch:
         install(patch)
         patch.setattr(fake_llm, "STEP_S", STEP_S)
-        async with in_process_target(trtllm(**CONFIGS[request.param]), timeout_s=30.0) as opened:
+        async with in_process_target(trtllm(str(model), **CONFIGS[request.param]), timeout_s=30.0) as opened:
             yield opened
 
 

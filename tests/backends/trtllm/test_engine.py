@@ -18,11 +18,13 @@ from tests.responses import collect, finished, text
 from ..fake_serving import MODEL, serving
 from . import fake_llm
 from .conftest import request, token_ids, trtllm
-from .fake_api import Installed, SchedulingParams, install
+from .fake_api import Installed, SamplingParams, SchedulingParams, install
 
 pytestmark = pytest.mark.usefixtures("fake")
 
 STOP = pb.StoppingOptions
+LORA_CONFIG = {"max_loras": 4, "lora_target_modules": ["attn_q", "attn_k", "attn_v", "attn_dense"]}
+"""docs/backends/trtllm.md's example: TensorRT-LLM needs the target modules unless ``lora_dir`` names one adapter."""
 
 
 def greedy(prompt: list[int], count: int, lora_id: int = 0) -> list[int]:
@@ -72,17 +74,71 @@ async def test_the_advertised_context_is_what_the_executor_enforces(fake: Instal
     async with serving(trtllm(kv_cache_config={"tokens_per_block": 2})) as running:
         info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
         responses = await collect(running.stub, request(PROMPT, stopping=STOP(ignore_eos=True)))
-        over = await rejected(running, request([3 + n % 70 for n in range(128)], stopping=STOP(max_tokens=1)))
+        over = await rejected(running, request(tokens(128), stopping=STOP(max_tokens=1)))
     engine = fake.engines[-1]
     assert engine.args.max_seq_len is None and info.max_context_length == engine.max_seq_len == 128
     assert len(token_ids(responses)) == 128 - len(PROMPT)
     assert over == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def tokens(count: int) -> list[int]:
+    """A prompt of ``count`` token ids the fake model knows."""
+    return [3 + n % 70 for n in range(count)]
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.3.0rc29"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["no-chunked-prefill", "chunked-prefill"])
+@pytest.mark.parametrize("max_num_tokens", [16, 100, None], ids=lambda n: f"max_num_tokens={n}")
+@pytest.mark.parametrize("max_seq_len", [None, 40], ids=lambda n: f"max_seq_len={n}")
+async def test_the_advertised_context_is_exactly_what_the_executor_accepts(
+    monkeypatch: pytest.MonkeyPatch, max_seq_len: int | None, max_num_tokens: int | None, chunked: bool, version: str
+) -> None:
+    """A prompt one token short of ``max_context_length`` runs; one of that length is refused before
+    submission, and TensorRT-LLM would have refused it too (``llm.py`` ``_check_arguments`` over
+    ``max_num_tokens`` without chunked prefill; ``_deduce_max_tokens`` over the executor's ``max_seq_len``,
+    which 1.2.1 only warns about and 1.3 raises for)."""
+    installed = install(monkeypatch, version=version)
+    options: dict[str, object] = {"kv_cache_config": {"tokens_per_block": 2}, "enable_chunked_prefill": chunked}
+    options.update(
+        {name: value for name, value in (("max_seq_len", max_seq_len), ("max_num_tokens", max_num_tokens)) if value}
+    )
+    async with serving(trtllm(**options)) as running:
+        limit = (await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))).max_context_length
+        longest = await collect(running.stub, request(tokens(limit - 1), stopping=STOP(max_tokens=1, ignore_eos=True)))
+        over = await rejected(running, request(tokens(limit), stopping=STOP(max_tokens=1, ignore_eos=True)))
+        engine = installed.engines[-1]
+        if version != "1.2.1":  # 1.2.1 only warns over its max_seq_len (the fake does not model what follows)
+            with pytest.raises((ValueError, fake_llm.RequestError)):
+                await engine.generate_async({"prompt_token_ids": tokens(limit)}, SamplingParams(max_tokens=1))
+    bound = min(max_seq_len or 256, 128)  # given, else the model's 256 positions; cut to the 64 x 2 pool
+    if max_num_tokens is not None and not chunked:
+        bound = min(bound, max_num_tokens + 1)
+    assert limit == bound and len(token_ids(longest)) == 1
+    assert over == grpc.StatusCode.INVALID_ARGUMENT and engine.worker_error is None
+
+
+async def test_a_decode_engine_advertises_the_context_of_its_handoffs(fake: Installed) -> None:
+    """``_check_arguments`` skips generation-only requests (all a decode engine takes): a handoff longer
+    than the decode engine's ``max_num_tokens`` resumes, so its context is the executor's ``max_seq_len``."""
+    transceiver = {"cache_transceiver_config": {"backend": "UCX"}, "kv_cache_config": {"tokens_per_block": 2}}
+    async with (
+        serving(trtllm(role="prefill", enable_chunked_prefill=True, **transceiver)) as prefill,
+        serving(trtllm(role="decode", max_num_tokens=16, **transceiver)) as decode,
+    ):
+        info = await decode.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+        ready = await collect(prefill.stub, request(tokens(40), stopping=STOP(max_tokens=3, ignore_eos=True)))
+        resumed = request(tokens(40), stopping=STOP(max_tokens=3, ignore_eos=True))
+        resumed.kv.session.CopyFrom(ready[-1].prefill_ready.kv_session)
+        decoded = await collect(decode.stub, resumed)
+    assert info.max_context_length == 128 and len(token_ids(decoded)) == 3
+
+
 async def test_a_refusal_tensorrt_llm_reports_while_the_result_is_read_is_still_a_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """1.2.1's worker wraps an enqueue failure in ``RequestError``, read with the result before any output."""
+    """The worker wraps an enqueue failure in ``RequestError``, read with the result before any output
+    (a prompt its ``max_seq_len`` cannot hold is one on 1.3; 1.2.1 only warns)."""
+    install(monkeypatch, version="1.3.0rc29")
     async with serving(trtllm()) as running:
         monkeypatch.setattr(fake_llm.LLM, "max_seq_len", property(lambda _: 4))  # the executor's own, tighter limit
         too_long = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
@@ -202,16 +258,20 @@ async def test_min_tokens_with_a_stop_token_is_refused() -> None:
     assert len(token_ids(held)) >= 3 and fake_llm.EOS not in token_ids(held)[:3]
 
 
-async def test_a_sampled_token_outside_the_top_k_keeps_its_logprob_and_rank_and_candidates_stay_top_n() -> None:
-    """``TorchSampler`` adds the sampled token to its row, with its rank, when it falls outside the top-k."""
+async def test_output_logprobs_while_sampling_need_a_top_k_and_every_record_then_has_its_own() -> None:
+    """``TorchSampler``'s rows are the top-k only (1.2-period ``sampler.py``): top-k sampling stays within
+    them, so every sampled token has its row; unbounded sampling could sample outside and is refused."""
     wanted = pb.ResponseOptions(return_output_logprobs=True, output_candidates=pb.CandidateTokenSelection(top_n=1))
-    hot = pb.SamplingParams(temperature=5.0)
+    stopping = STOP(max_tokens=12, ignore_eos=True)
     async with serving(trtllm()) as running:
-        responses = await collect(
-            running.stub, request(PROMPT, sampling=hot, stopping=STOP(max_tokens=12, ignore_eos=True), response=wanted)
+        unbounded = await rejected(
+            running, request(PROMPT, sampling=pb.SamplingParams(temperature=5.0), stopping=stopping, response=wanted)
         )
+        hot = pb.SamplingParams(temperature=5.0, top_k=6)
+        responses = await collect(running.stub, request(PROMPT, sampling=hot, stopping=stopping, response=wanted))
     records = [t for r in responses if r.HasField("token") for t in r.token.tokens]
-    assert len(records) == 12 and all(t.HasField("logprob") and t.HasField("rank") for t in records)
+    assert unbounded == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(records) == 12 and all(t.HasField("logprob") and 1 <= t.rank <= 6 for t in records)
     assert all(len(t.candidates) == 1 and t.candidates[0].rank == 1 for t in records)
     outside = [t for t in records if t.rank > 1]
     assert outside and all(t.candidates[0].token_id != t.token_id for t in outside)
@@ -289,12 +349,11 @@ async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id
             with pytest.raises(grpc.aio.AioRpcError) as off:
                 await disabled.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
         assert not info.supports_lora and off.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    async with serving(trtllm(lora_config={"max_loras": 2})) as running:
+    async with serving(trtllm(lora_config=LORA_CONFIG)) as running:
         await running.stub.LoadLora(
             pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=7, lora_name="gone", source_path=str(gone)))
         )
-        (gone / "adapter_config.json").unlink()
-        gone.rmdir()
+        (gone / "adapter_config.json").unlink()  # the directory stays: 1.2.1 would reload it, and end its worker
         vanished = await rejected(running, request(PROMPT, lora_name="gone"))
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))
         tuned = await collect(running.stub, request(PROMPT, lora_name="good", stopping=STOP(max_tokens=6)))
@@ -311,7 +370,7 @@ async def test_lora_adapters_load_by_priming_serve_by_name_and_never_reuse_an_id
         await running.stub.LoadLora(pb.LoadLoraRequest(adapter=adapter))  # the same adapter again is fine
     assert vanished == grpc.StatusCode.FAILED_PRECONDITION
     assert token_ids(tuned) == greedy(PROMPT, 6, lora_id=5) != greedy(PROMPT, 6)
-    assert broken.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "failed to load" in broken.value.details()
+    assert broken.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no readable" in broken.value.details()
     assert gone == grpc.StatusCode.NOT_FOUND
     assert reused.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
@@ -434,3 +493,108 @@ async def test_bad_arguments_fail_the_start_naming_them() -> None:
         await trtllm(role="decode").start()
     with pytest.raises(ConfigurationError, match="rejected its arguments"):
         await trtllm(max_seq_len="many").start()
+
+
+async def test_a_lora_config_tensorrt_llm_cannot_start_with_is_a_configuration_error(
+    fake: Installed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``create_py_executor`` asserts ``lora_target_modules`` unless ``lora_dir`` names one adapter: refused
+    before the model loads; any assertion TensorRT-LLM's start makes is a configuration error, explained."""
+    with pytest.raises(ConfigurationError, match="lora_config needs lora_target_modules"):
+        await trtllm(lora_config='{"max_loras": 4}').start()  # the command line's form
+    assert fake.engines == []
+    async with serving(trtllm(lora_config=LORA_CONFIG)) as running:
+        info = await running.stub.GetModelInfo(pb.GetModelInfoRequest(model=MODEL))
+    assert info.supports_lora
+
+    def asserting(self: fake_llm.LLM, model: str, **options: object) -> None:
+        raise AssertionError("Expecting at least one lora target module")
+
+    monkeypatch.setattr(fake_llm.LLM, "__init__", asserting)
+    with pytest.raises(ConfigurationError, match=r"could not start with these arguments.*lora target module"):
+        await trtllm(lora_config={"lora_dir": ["/a"]}).start()
+
+
+async def test_an_adapter_whose_files_went_bad_never_reaches_a_1_2_worker(tmp_path: Path) -> None:
+    """1.2.1 loads an adapter outside its ``RequestError`` wrapper: a failed load ends the worker
+    (``executor/worker.py``), so the driver refuses it first and the engine serves on."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    async with serving(trtllm(lora_config=LORA_CONFIG)) as running:
+        await running.stub.LoadLora(
+            pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=3, lora_name="a", source_path=str(adapter)))
+        )
+        (adapter / "adapter_config.json").unlink()
+        broken = await rejected(running, request(PROMPT, lora_name="a", stopping=STOP(max_tokens=2)))
+        after = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=2)))
+        too_wide = tmp_path / "wide"
+        too_wide.mkdir()
+        (too_wide / "adapter_config.json").write_text('{"r": 128}')  # over lora_config's max_lora_rank (64)
+        with pytest.raises(grpc.aio.AioRpcError) as wide:
+            await running.stub.LoadLora(
+                pb.LoadLoraRequest(adapter=pb.LoraAdapter(lora_id=4, lora_name="w", source_path=str(too_wide)))
+            )
+    assert broken == grpc.StatusCode.FAILED_PRECONDITION and token_ids(after) == greedy(PROMPT, 2)
+    assert wide.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "rank 128" in wide.value.details()
+
+
+@pytest.mark.parametrize("version", ["1.2.0", "1.3.0rc28", "1.4.0rc1", "2.0.0"])
+async def test_a_tensorrt_llm_release_the_driver_was_not_written_against_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    installed = install(monkeypatch, versioned=version)
+    with pytest.raises(ConfigurationError, match=f"TensorRT-LLM {version} is not served.*1.3 from 1.3.0rc29"):
+        await trtllm().start()
+    assert installed.engines == []
+
+
+@pytest.mark.parametrize("order", ["final", "handoff_first", "finish_first"])
+@pytest.mark.parametrize("version", ["1.2.1", "1.3.0rc29"])
+async def test_a_prefill_never_aborts_its_handed_off_request_whichever_comes_first(
+    monkeypatch: pytest.MonkeyPatch, order: str, version: str
+) -> None:
+    """The handoff may come before the result is final, or the finish reason before the handoff
+    (``grpc/openengine/streaming.py``'s pending-handoff path): the stream ends at ``PrefillReady`` and the
+    driver reads the request on until TensorRT-LLM reports it final; aborting it would cancel the KV
+    transfer. 1.3 hands the first token's logprobs over too."""
+    installed = install(monkeypatch, version=version)
+    monkeypatch.setattr(fake_llm, "HANDOFF_ORDER", order)
+    transceiver = {"cache_transceiver_config": {"backend": "UCX"}}
+    wanted = pb.ResponseOptions(return_output_logprobs=True)
+    async with (
+        serving(trtllm(role="prefill", **transceiver)) as prefill,
+        serving(trtllm(role="decode", **transceiver)) as decode,
+    ):
+        ready = await collect(prefill.stub, request(PROMPT, stopping=STOP(max_tokens=5), response=wanted))
+        context = installed.engines[0].submitted[-1]
+        resumed = request(PROMPT, stopping=STOP(max_tokens=5), response=wanted)
+        resumed.kv.session.CopyFrom(ready[-1].prefill_ready.kv_session)
+        decoded = await collect(decode.stub, resumed)
+        for _ in range(100):
+            if context.finished:
+                break
+            await asyncio.sleep(0.01)
+    records = [t for r in decoded if r.HasField("token") for t in r.token.tokens]
+    assert [t.token_id for t in records] == greedy(PROMPT, 5)
+    assert context.finished and not context.aborted()
+    assert records[0].HasField("logprob") == (version != "1.2.1")
+
+
+async def test_a_1_2_worker_that_died_makes_the_engine_unavailable_and_not_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What 1.2.1's worker raises outside its ``RequestError`` wrapper ends it (``executor/worker.py``): that
+    request fails, every later submission raises the worker's error, and health says so."""
+
+    def dying(self: fake_llm.RequestOutput, llm: fake_llm.LLM) -> None:
+        llm.worker_failed(ValueError("an adapter the driver could not check"))
+
+    async with serving(trtllm()) as running:
+        monkeypatch.setattr(fake_llm.RequestOutput, "_first_step", dying)
+        failed = await collect(running.stub, request(PROMPT, stopping=STOP(max_tokens=2)))
+        after = await rejected(running, request(PROMPT, stopping=STOP(max_tokens=2)))
+        health = await running.stub.Health(pb.HealthRequest())
+    assert failed[-1].error.code == pb.ERROR_CODE_INTERNAL and "an adapter" in failed[-1].error.message
+    assert after == grpc.StatusCode.UNAVAILABLE
+    assert health.state == pb.HEALTH_STATE_NOT_READY

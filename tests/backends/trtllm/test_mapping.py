@@ -123,11 +123,26 @@ def test_stop_tokens_go_to_tensorrt_llm_but_stop_strings_do_not() -> None:
     assert sampling["include_stop_str_in_output"] is True and sampling["ignore_eos"] is True
 
 
-def test_output_logprobs_ask_for_at_least_one_entry() -> None:
-    plain = plan_generation(request(output_logprobs=LogprobRequest()), FEATURES, prompt_len=3)
-    assert plain.sampling["logprobs"] == 1
-    top = LogprobRequest(CandidateSelection(TOP_N, top_n=5))
-    assert plan_generation(request(output_logprobs=top), FEATURES, prompt_len=3).sampling["logprobs"] == 5
+def test_output_logprobs_ask_for_rows_that_hold_every_sampled_token() -> None:
+    """``TorchSampler`` returns the top-k rows only (1.2-period ``sampler.py``): greedy decoding and
+    top-k sampling sample within them; other sampling could sample a token no row holds."""
+
+    def asked(sampling: Sampling, top_n: int = 0, features: EngineFeatures = FEATURES) -> int:
+        wanted = LogprobRequest(CandidateSelection(TOP_N, top_n=top_n) if top_n else None)
+        return int(
+            plan_generation(request(sampling=sampling, output_logprobs=wanted), features, prompt_len=3).sampling[
+                "logprobs"
+            ]
+        )
+
+    greedy = Sampling(temperature=0.0)
+    assert asked(greedy) == 1 and asked(greedy, top_n=5) == 5
+    assert asked(Sampling(top_k=8)) == 8 and asked(Sampling(top_k=2), top_n=5) == 5
+    speculative = dataclasses.replace(FEATURES, max_top_logprobs=1, sampled_logprob_only=True)
+    assert asked(Sampling(), features=speculative) == 1  # its samplers return the sampled token's logprob
+    for unbounded in (Sampling(), Sampling(top_p=0.5), Sampling(top_k=21)):
+        with pytest.raises(InvalidArgument, match="top_k between 1 and 20"):
+            asked(unbounded)
 
 
 def test_an_engine_without_a_tokenizer_gets_its_end_id() -> None:
@@ -268,9 +283,44 @@ def test_a_session_tensorrt_llm_could_not_resolve_is_refused() -> None:
         handoff_params(KvSession("not-a-number", attributes={"opaque_state": state, "first_gen_tokens": [1.0]}), fields)
     with pytest.raises(InvalidArgument, match="no opaque_state or ctx_info_endpoint"):
         handoff_params(KvSession("5", attributes={"first_gen_tokens": [1.0]}), fields)
-    with pytest.raises(InvalidArgument, match="no first_gen_tokens"):
+    with pytest.raises(InvalidArgument, match=r"no first_gen_tokens \(TensorRT-LLM resumes"):
         handoff_params(KvSession("5", attributes={"opaque_state": state}), fields)
     with pytest.raises(InvalidArgument, match="does not take: kv_transfer_params"):
         handoff_params(KvSession("5", attributes={"kv_transfer_params": {}}), fields)
     with pytest.raises(InvalidArgument, match="not a TensorRT-LLM handoff"):
         handoff_params(KvSession("5", attributes={"opaque_state": "!!", "first_gen_tokens": [1.0]}), fields)
+
+
+def test_a_session_from_tensorrt_llms_own_servicer_is_taken() -> None:
+    """``grpc/openengine/disagg.py`` adds ``ctx_usage`` and ``first_gen_log_probs`` (floats, or
+    ``[token_id, logprob, rank]`` triples); both reach a ``DisaggregatedParams`` that has the field."""
+    state = base64.b64encode(b"s").decode()
+    attributes = {
+        "opaque_state": state,
+        "first_gen_tokens": [7.0],
+        "ctx_usage": {"prompt_tokens": 3.0, "completion_tokens": 1.0},
+        "first_gen_log_probs": [[[7.0, -0.25, 1.0], [9.0, -1.5, 2.0]], -0.5],
+    }
+    servicer = struct_round_trip(KvSession("5", attributes=attributes))
+    later = LATER_HANDOFF | {"first_gen_log_probs", "ctx_usage"}
+    params = handoff_params(servicer, later)
+    assert params["ctx_usage"] == {"prompt_tokens": 3, "completion_tokens": 1}
+    assert params["first_gen_log_probs"] == [{7: (-0.25, 1), 9: (-1.5, 2)}, -0.5]
+    assert set(handoff_params(servicer, HANDOFF_FIELDS_1_2)) == {
+        "request_type",
+        "ctx_request_id",
+        "first_gen_tokens",
+        "opaque_state",
+    }
+    back = prefill_session(
+        SimpleNamespace(
+            ctx_request_id=5,
+            opaque_state=b"s",
+            first_gen_tokens=[7],
+            ctx_usage={"prompt_tokens": 3},
+            first_gen_log_probs=[{7: SimpleNamespace(logprob=-0.25, rank=1)}],
+        ),
+        transfer_backend="ucx",
+    )
+    assert back.attributes["ctx_usage"] == {"prompt_tokens": 3}
+    assert back.attributes["first_gen_log_probs"] == [[[7, -0.25, 1]]]  # as the servicer writes them

@@ -7,6 +7,7 @@ and its tokens are checked against the session's aggregated engine run greedily 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ async def test_a_prefill_hands_its_kv_cache_to_decode(pair: tuple[Any, Any], llm
     assert info.role == pb.ENGINE_ROLE_PREFILL and not info.kv_connector.supports_abort_cleanup
     ready = await collect(prefill, generate_request("ctx", prompt=PROMPT, sampling=GREEDY, stopping=stopping))
     assert ready[-1].HasField("prefill_ready"), "the prefill stream ends at PrefillReady"
+    # The decode side comes late: a prefill whose result was not final at its handoff must not have been
+    # aborted when its stream ended (the KV transfer would be cancelled).
+    await asyncio.sleep(2.0)
     resumed = generate_request("gen", prompt=PROMPT, sampling=GREEDY, stopping=stopping)
     resumed.kv.session.CopyFrom(ready[-1].prefill_ready.kv_session)
     decoded = await collect(decode, resumed)
