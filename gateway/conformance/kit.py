@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import pb
-from ..client import OpenEngineClient, StatusError
+from ..client import NotInLayout, OpenEngineClient, StatusError
 from .observe import CheckFailed, OpenCall, Stream
 
 _PROMPT_ALLOWANCE = 64
@@ -314,6 +314,8 @@ async def _verdict(rule_: Rule, target: Target) -> tuple[Outcome, str]:
         outcome, message = Outcome.PASSED, ""
     except NotApplicable as exc:
         outcome, message = Outcome.NOT_APPLICABLE, str(exc)
+    except NotInLayout as exc:  # the layout spoken lacks the RPC: the rule cannot be asked there
+        outcome, message = Outcome.NOT_APPLICABLE, exc.details
     except AssertionError as exc:
         outcome, message = Outcome.FAILED, str(exc) or "assertion failed"
     except TimeoutError:

@@ -94,7 +94,7 @@ class OpenCall:
     def __init__(self, client: OpenEngineClient, request: pb.GenerateRequest, timeout_s: float) -> None:
         self.request = request
         self.messages: list[pb.GenerateResponse] = []
-        self._call = client.stub.Generate(request, metadata=client.call_metadata, timeout=timeout_s)
+        self._call = client.generate_call(request, timeout_s=timeout_s)
 
     async def _read(self) -> pb.GenerateResponse | None:
         try:
