@@ -181,8 +181,11 @@ class Target:
         return stream
 
     def open_call(self, request: pb.GenerateRequest) -> OpenCall:
-        """Start a Generate call that the check reads at its own pace."""
-        return OpenCall(self.client, request, self.timeout_s)
+        """Start a Generate call that the check reads at its own pace; one still open when the rule ends (it
+        failed, or turned out not to apply) is cancelled then, so no later rule finds it running."""
+        call = OpenCall(self.client, request, self.timeout_s)
+        self.on_exit(call.close)
+        return call
 
     async def greedy(self, max_tokens: int = 16) -> Stream:
         """The model's greedy continuation of ``prompt()`` (EOS ignored), run once per length.
@@ -239,6 +242,8 @@ class Target:
         """Await ``call`` and require a non-OK status among ``codes``."""
         try:
             await call
+        except NotInLayout:
+            raise  # not the server's answer: the rule does not apply in this layout
         except StatusError as error:
             if error.code not in codes:
                 expected = " or ".join(getattr(c, "name", str(c)) for c in codes)

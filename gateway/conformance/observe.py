@@ -121,6 +121,10 @@ class OpenCall:
         """Cancel the call from the client side (a no-op once it has ended)."""
         self._call.cancel()
 
+    async def close(self) -> None:
+        """``cancel``, for ``Target.on_exit``."""
+        self.cancel()
+
 
 def present(message: Message, field: str) -> bool:
     """Whether ``field`` (named at run time) is set on ``message``."""

@@ -44,7 +44,9 @@ async def clients(gateway: RunningGateway) -> AsyncIterator[tuple[OpenEngineClie
 
 
 def greedy(**options: object) -> pb.GenerateRequest:
-    return text_request("Both layouts", request_id=uuid.uuid4().hex, temperature=0.0, max_tokens=8, **options)
+    return text_request(
+        "Both layouts", request_id=uuid.uuid4().hex, temperature=0.0, max_tokens=8, ignore_eos=True, **options
+    )
 
 
 async def test_a_generation_is_the_same_in_both_layouts(clients: tuple[OpenEngineClient, OpenEngineClient]) -> None:
@@ -93,7 +95,9 @@ async def test_priority_and_the_rank_reach_the_gateway_as_request_metadata(
     clients: tuple[OpenEngineClient, OpenEngineClient],
 ) -> None:
     _, later = clients
-    assert (await later.generate(greedy(data_parallel_rank=1, priority=3))).outputs[0].finish_reason
+    request = greedy(data_parallel_rank=1)
+    request.priority = 3
+    assert (await later.generate(request)).usage.completion_tokens == 8
     with pytest.raises(StatusError, match="data_parallel_rank") as refused:  # the mock has ranks 0 and 1
         await later.generate(greedy(data_parallel_rank=7))
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -101,13 +105,15 @@ async def test_priority_and_the_rank_reach_the_gateway_as_request_metadata(
 
 async def test_an_abort_ends_a_call_read_at_its_own_pace(clients: tuple[OpenEngineClient, OpenEngineClient]) -> None:
     _, later = clients
-    request = text_request("Long", request_id=uuid.uuid4().hex, max_tokens=2000, ignore_eos=True)
+    request = text_request("Long", request_id=uuid.uuid4().hex, max_tokens=1000, ignore_eos=True)
     call = later.generate_call(request)
     first = await call.read()
     assert isinstance(first, pb.GenerateResponse) and first.request_id == request.request_id
     assert (await later.abort(pb.AbortRequest(request_id=request.request_id))).status == pb.ABORT_STATUS_ABORTED
-    ends = [m.finished.reason async for m in call if m.HasField("finished")]
-    assert ends == [pb.FINISH_REASON_CANCELLED] and call.done()
+    ends = []
+    while isinstance(message := await call.read(), pb.GenerateResponse):  # grpc.aio.EOF after the last
+        ends += [message.finished.reason] if message.HasField("finished") else []
+    assert ends == [pb.FINISH_REASON_CANCELLED] and message is grpc.aio.EOF and call.done()
 
 
 def test_compatibility_is_checked_against_each_layouts_own_range() -> None:
