@@ -211,11 +211,12 @@ def _describe(spec: WorkloadSpec, options: RunOptions) -> str:
 
 
 def _settings(
-    targets: Sequence[Target], spec: WorkloadSpec, options: RunOptions, prompts: Path | None
+    targets: Sequence[Target], spec: WorkloadSpec, options: RunOptions, prompts: Path | None, layout: str
 ) -> dict[str, Any]:
     workload = {k: v for k, v in dataclasses.asdict(spec).items() if k != "prompts"}
     return {
         "targets": [t.label for t in targets],
+        "layout": layout,
         **workload,
         "prompts_file": str(prompts) if prompts else None,
         **dataclasses.asdict(options),
@@ -278,7 +279,7 @@ async def run(argv: Sequence[str]) -> int:
     comparison = compare(runs, greedy=options.temperature == 0.0)
     json_to_stdout = args.json is not None and str(args.json) == "-"
     if args.json is not None:
-        text = to_json(comparison, runs, _settings(targets, spec, options, args.prompts_file))
+        text = to_json(comparison, runs, _settings(targets, spec, options, args.prompts_file, args.layout))
         if json_to_stdout:
             print(text)
         else:
