@@ -216,8 +216,15 @@ class RemoteBackend(Backend[RemoteSettings]):
     # -- generation -----------------------------------------------------------------------
 
     def generate(self, request: GenerationRequest) -> EventStream:
-        """The remote's stream as events; the remote's verdict on the request arrives with it."""
-        return EventStream.from_iterator(self._relay(self.client, mapping.generate_request(request, self.remote_model)))
+        """The remote's stream as events; the remote's verdict on the request arrives with it.
+
+        A remote of the later layout gets no ``metadata``: that layout has no place for it (its own clients
+        cannot send any), and the front has used it already (a split's sticky key)."""
+        client = self.client
+        message = mapping.generate_request(request, self.remote_model)
+        if client.layout == "later":
+            message.ClearField("metadata")
+        return EventStream.from_iterator(self._relay(client, message))
 
     async def _relay(self, client: OpenEngineClient, message: pb.GenerateRequest) -> AsyncIterator[GenerationEvent]:
         request_id = message.request_id
