@@ -29,7 +29,7 @@ async def later_only(**mock: Any) -> AsyncIterator[str]:
     async with serve_backends([("mock", MockBackend(MockSettings(**mock)))]) as running:
         seed = OpenEngineServicer(running.gateway)
         server = grpc.aio.server()
-        pb_later.add_InferenceServicer_to_server(InferenceServicer(seed), server)
+        pb_later.add_InferenceServicer_to_server(InferenceServicer(seed, running.gateway), server)
         pb_later.add_ControlServicer_to_server(ControlServicer(seed, running.gateway), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
