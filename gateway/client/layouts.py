@@ -7,9 +7,10 @@ it (the conformance kit, ``bench``, the ``remote`` driver), has one code path fo
 layout keeps the generated stub itself, with no conversion on its per-token path. Conversion stays out of
 gRPC's (de)serializers, which swallow a raised error (grpc.aio sends an empty message, or hands back None).
 
-An RPC the later layout does not have raises ``NotInLayout`` (UNIMPLEMENTED, as the server would answer)
-without a call; ``GetKvConnectorInfo``, folded into ``ServerInfo`` there, is answered from GetServerInfo, and
-``GetModelInfo`` takes its capacity fields from ``ServerInfo.capacity``.
+An RPC the later layout does not have (Embed, Classify, Score, Drain, SubscribeRuntimeEvents) raises
+``NotInLayout`` (UNIMPLEMENTED, as the server would answer) without a call. ``GetKvConnectorInfo``, folded
+into ``ServerInfo`` there, is answered from GetServerInfo, and ``GetModelInfo`` takes its capacity fields
+from ``ServerInfo.capacity``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ Layout = Literal["seed", "later"]
 
 LAYOUTS: tuple[Layout, ...] = ("seed", "later")
 
-M = TypeVar("M")
 W = TypeVar("W", bound=Message)
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -86,18 +86,6 @@ class LaterStreamCall(Generic[Resp]):
         self._call.add_done_callback(lambda _call: callback(self))
 
 
-def _to_later(convert_request: Callable[[Req], M]) -> Callable[[Req], M]:
-    """``convert_request``, its refusal (a field with no place in the later layout) as ``NotInLayout``."""
-
-    def converted(request: Req) -> M:
-        try:
-            return convert_request(request)
-        except InvalidArgument as exc:
-            raise NotInLayout(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "later") from None
-
-    return converted
-
-
 def _same_wire(cls: type[W]) -> Callable[[Message], W]:
     """A message whose bytes mean the same in both layouts, as ``cls``."""
     return lambda message: convert.recast(message, cls)
@@ -108,10 +96,16 @@ class _Unary(Generic[Req, Resp]):
 
     def __init__(self, method: Any, to_later: Callable[[Req], Message], to_seed: Callable[[Any], Resp]) -> None:
         self._method = method
-        self._to_later = _to_later(to_later)
+        self._to_later = to_later
         self._to_seed = to_seed
 
-    async def __call__(self, request: Req, *, metadata: Metadata = None, timeout: float | None = None) -> Resp:  # noqa: ASYNC109 - grpc's signature
+    async def __call__(
+        self,
+        request: Req,
+        *,
+        metadata: Metadata = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - grpc's signature
+    ) -> Resp:
         return self._to_seed(await self._method(self._to_later(request), metadata=metadata, timeout=timeout))
 
 
@@ -135,12 +129,14 @@ class _Generate:
 
     def __init__(self, method: Any) -> None:
         self._method = method
-        self._to_later = _to_later(convert.generate_request_to_later)
 
     def __call__(
         self, request: pb.GenerateRequest, *, metadata: Metadata = None, timeout: float | None = None
     ) -> LaterStreamCall[pb.GenerateResponse]:
-        later, headers = self._to_later(request)
+        try:
+            later, headers = convert.generate_request_to_later(request)
+        except InvalidArgument as exc:  # a field with no place in the later layout (``metadata``)
+            raise NotInLayout(grpc.StatusCode.INVALID_ARGUMENT, str(exc), "later") from None
         sent = (*(metadata or ()), *headers) or None
         return LaterStreamCall(self._method(later, metadata=sent, timeout=timeout), convert.generate_response_to_seed)
 
@@ -192,10 +188,6 @@ class _Absent:
         raise NotInLayout(grpc.StatusCode.UNIMPLEMENTED, f"the later layout has no {self._rpc} RPC", "later")
 
 
-SEED_ONLY_RPCS = ("Embed", "Classify", "Score", "Drain", "SubscribeRuntimeEvents")
-"""Seed RPCs with no counterpart in the later layout (``NotInLayout`` there)."""
-
-
 class LaterStub:
     """The seed stub's RPCs over the later layout's two services (see the module docstring)."""
 
@@ -233,4 +225,4 @@ class LaterStub:
         self.SubscribeRuntimeEvents = _Absent("SubscribeRuntimeEvents")
 
 
-__all__ = ["LAYOUTS", "SEED_ONLY_RPCS", "GenerateCall", "LaterStreamCall", "LaterStub", "Layout"]
+__all__ = ["LAYOUTS", "GenerateCall", "LaterStreamCall", "LaterStub", "Layout"]
