@@ -1,9 +1,12 @@
 """``remote`` in front of a server of the later layout (``Inference`` + ``Control`` only, as TensorRT-LLM's own
-OpenEngine server serves): chosen by ``layout``, or found by ``auto``, alone and inside a split."""
+OpenEngine server serves): chosen by ``layout``, or found by ``auto``, alone, inside a split and as a mirror's
+shadow."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,19 +17,21 @@ from openengine_backends.mock import MockBackend, MockSettings
 from openengine_backends.remote import RemoteSettings
 from openengine_gateway import pb, pb_later
 from openengine_gateway.client import OpenEngineClient, text_request
-from openengine_gateway.config import SplitSection
+from openengine_gateway.config import MirrorSection, SplitSection
 from openengine_gateway.server.later_servicer import ControlServicer, InferenceServicer
 from openengine_gateway.server.servicer import OpenEngineServicer
 from openengine_gateway.testing import serve_backends
+
+from tests.contract.test_mirrors import CountingMock
 
 from .support import remote
 
 
 @contextlib.asynccontextmanager
-async def later_only(**mock: Any) -> AsyncIterator[str]:
-    """A server of the later layout alone (the seed's service answers UNIMPLEMENTED), serving a mock as ``mock``
-    through this gateway's core; yields its address."""
-    async with serve_backends([("mock", MockBackend(MockSettings(**mock)))]) as running:
+async def later_only(engine: MockBackend | None = None, **mock: Any) -> AsyncIterator[str]:
+    """A server of the later layout alone (the seed's service answers UNIMPLEMENTED), serving ``engine`` (a mock
+    of ``mock`` settings without one) as ``mock`` through this gateway's core; yields its address."""
+    async with serve_backends([("mock", engine or MockBackend(MockSettings(**mock)))]) as running:
         seed = OpenEngineServicer(running.gateway)
         server = grpc.aio.server()
         pb_later.add_InferenceServicer_to_server(InferenceServicer(seed, running.gateway), server)
@@ -99,6 +104,25 @@ async def test_a_split_over_a_seed_remote_and_a_later_remote_answers_from_both()
             request.metadata["session"] = uuid.uuid4().hex
             answered.append(first[(await client.generate(request)).outputs[0].token_ids[0]])
         assert set(answered) == {"a", "b"}  # 40 coin flips: both sides, but for a 2**-39 chance
+
+
+async def test_a_later_remote_as_a_mirrors_shadow_gets_every_copy() -> None:
+    shadow = CountingMock(MockSettings(seed=2))
+    async with (
+        serve_backends([("mock", MockBackend(MockSettings(seed=1)))]) as seed_back,
+        later_only(shadow) as later_back,
+        serve_backends(
+            [("a", remote(seed_back.address)), ("b", remote(later_back))],
+            mirrors=[MirrorSection(name="a", shadow="b")],
+        ) as front,
+        await OpenEngineClient.connect(front.address) as client,
+    ):
+        answers = {(await client.generate(greedy("a"))).outputs[0].token_ids[0] for _ in range(5)}
+        deadline = time.monotonic() + 10  # copies run beside the answers: wait for the last to reach the shadow
+        while shadow.generations < 5:
+            assert time.monotonic() < deadline, f"the shadow got {shadow.generations} of 5 copies"
+            await asyncio.sleep(0.02)
+    assert len(answers) == 1 and shadow.generations == 5
 
 
 def test_runtime_events_on_needs_the_seed_layout() -> None:
