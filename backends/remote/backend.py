@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 
 import grpc
 from openengine_gateway import pb
-from openengine_gateway.client import ClientError, IncompatibleServer, OpenEngineClient, StatusError
+from openengine_gateway.client import (
+    ClientError,
+    GenerateCall,
+    IncompatibleServer,
+    Layout,
+    OpenEngineClient,
+    StatusError,
+)
 from openengine_gateway.errors import EngineFailure, Unavailable
 from openengine_gateway.spi import (
     Backend,
@@ -68,7 +75,7 @@ class RemoteBackend(Backend[RemoteSettings]):
         self.remote_model = ""
         """The model's name on the remote (``settings.model``, or the remote's only model)."""
         self._client: OpenEngineClient | None = None
-        self._calls: dict[str, grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]] = {}
+        self._calls: dict[str, GenerateCall] = {}
         self._sessions: OrderedDict[str, None] = OrderedDict()
         self._sources: list[KvEventSource] = []
         self._cursor = KvCursor()
@@ -98,7 +105,13 @@ class RemoteBackend(Backend[RemoteSettings]):
             self._client = None
             await client.close()
             raise
-        log.info("serving %r of the %s engine at %s", self.remote_model, info.engine_name, self.settings.target)
+        log.info(
+            "serving %r of the %s engine at %s (%s layout)",
+            self.remote_model,
+            info.engine_name,
+            self.settings.target,
+            client.layout,
+        )
         return EngineFacts(
             engine_name=info.engine_name,
             engine_version=info.engine_version,
@@ -115,7 +128,8 @@ class RemoteBackend(Backend[RemoteSettings]):
         )
 
     async def _connect(self) -> OpenEngineClient:
-        """A compatible client, retrying while the remote is not answering yet."""
+        """A compatible client, retrying while the remote is not answering yet. With ``layout = auto``, a
+        remote that answers the seed's GetEngineInfo UNIMPLEMENTED is asked in the later layout."""
         options = self.settings
         try:
             token = options.bearer_token()
@@ -124,6 +138,7 @@ class RemoteBackend(Backend[RemoteSettings]):
         roots, chain, key = await asyncio.to_thread(_credentials, options)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + options.connect_timeout_s
+        layout: Layout = "later" if options.layout == "later" else "seed"
         while True:
             try:
                 return await OpenEngineClient.connect(
@@ -133,6 +148,7 @@ class RemoteBackend(Backend[RemoteSettings]):
                     certificate_chain=chain,
                     private_key=key,
                     tls=options.tls,
+                    layout=layout,
                     check_compatibility=options.check_compatibility,
                     timeout_s=max(min(deadline - loop.time(), options.call_timeout_s), _CONNECT_RETRY_S),
                     channel_options=[
@@ -143,6 +159,9 @@ class RemoteBackend(Backend[RemoteSettings]):
             except IncompatibleServer as exc:
                 raise ConfigurationError(f"remote {options.target}: {exc}") from None
             except StatusError as exc:
+                if exc.code == grpc.StatusCode.UNIMPLEMENTED and options.layout == "auto" and layout == "seed":
+                    layout = "later"
+                    continue
                 if exc.code not in _RETRYABLE_CONNECT or loop.time() + _CONNECT_RETRY_S >= deadline:
                     raise ConnectionError(
                         f"the remote OpenEngine server {options.target} is not answering: {exc}"
@@ -197,13 +216,20 @@ class RemoteBackend(Backend[RemoteSettings]):
     # -- generation -----------------------------------------------------------------------
 
     def generate(self, request: GenerationRequest) -> EventStream:
-        """The remote's stream as events; the remote's verdict on the request arrives with it."""
-        return EventStream.from_iterator(self._relay(self.client, mapping.generate_request(request, self.remote_model)))
+        """The remote's stream as events; the remote's verdict on the request arrives with it.
+
+        A remote of the later layout gets no ``metadata``: that layout has no place for it (its own clients
+        cannot send any), and the front has used it already (a split's sticky key)."""
+        client = self.client
+        message = mapping.generate_request(request, self.remote_model)
+        if client.layout == "later":
+            message.ClearField("metadata")
+        return EventStream.from_iterator(self._relay(client, message))
 
     async def _relay(self, client: OpenEngineClient, message: pb.GenerateRequest) -> AsyncIterator[GenerationEvent]:
         request_id = message.request_id
         outputs = message.sampling.num_sequences if message.sampling.HasField("num_sequences") else 1
-        call = client.stub.Generate(message, metadata=client.call_metadata)
+        call = client.generate_call(message)
         self._calls[request_id] = call
         accepted = done = False
         finished: set[int] = set()
@@ -263,7 +289,7 @@ class RemoteBackend(Backend[RemoteSettings]):
             else:  # its relay still reads the remote's terminal events: forget it once it ends, however
                 call.add_done_callback(lambda _call: self._forget(request_id, call))
 
-    def _forget(self, request_id: str, call: grpc.aio.UnaryStreamCall[pb.GenerateRequest, pb.GenerateResponse]) -> None:
+    def _forget(self, request_id: str, call: GenerateCall) -> None:
         if self._calls.get(request_id) is call:
             del self._calls[request_id]
 

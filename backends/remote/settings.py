@@ -9,6 +9,7 @@ from openengine_gateway.spi import BackendSettings
 from pydantic import Field, model_validator
 
 EventRelay = Literal["auto", "on", "off"]
+RemoteLayout = Literal["auto", "seed", "later"]
 
 
 class RemoteSettings(BackendSettings):
@@ -19,6 +20,10 @@ class RemoteSettings(BackendSettings):
 
     target: str = Field(min_length=1)
     """``host:port`` of the remote OpenEngine server (any gRPC target string)."""
+    layout: RemoteLayout = "auto"
+    """The services the remote serves: the seed's ``openengine.v1.OpenEngine``, upstream's later
+    ``Inference``/``Control`` (TensorRT-LLM's own server), or ``auto``: the seed's unless it answers
+    UNIMPLEMENTED, then the later."""
 
     # -- security ---------------------------------------------------------------------------
     token: str | None = None
@@ -59,6 +64,8 @@ class RemoteSettings(BackendSettings):
             raise ValueError("set token or token_env, not both")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
+        if self.layout == "later" and self.runtime_events == "on":
+            raise ValueError("runtime_events = on needs the seed layout: the later one has no runtime events")
         return self
 
     def bearer_token(self) -> str | None:
@@ -71,4 +78,4 @@ class RemoteSettings(BackendSettings):
         return token
 
 
-__all__ = ["EventRelay", "RemoteSettings"]
+__all__ = ["EventRelay", "RemoteLayout", "RemoteSettings"]

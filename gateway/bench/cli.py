@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..client import ClientError
-from ..client.connection_options import add_connection_options, connect_options
+from ..client.connection_options import add_connection_options, add_layout_option, connect_options
 from . import live
 from .errors import BenchError, ReportError
 from .plots import caption, prepare_directory, require_matplotlib, write_plots
@@ -156,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
         "--report", type=Path, metavar="DIR", help="write PNG plots into this directory (needs matplotlib)"
     )
     output.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_layout_option(parser)
     add_connection_options(parser)
     live.add_live_options(parser)
     return parser
@@ -210,11 +211,12 @@ def _describe(spec: WorkloadSpec, options: RunOptions) -> str:
 
 
 def _settings(
-    targets: Sequence[Target], spec: WorkloadSpec, options: RunOptions, prompts: Path | None
+    targets: Sequence[Target], spec: WorkloadSpec, options: RunOptions, prompts: Path | None, layout: str
 ) -> dict[str, Any]:
     workload = {k: v for k, v in dataclasses.asdict(spec).items() if k != "prompts"}
     return {
         "targets": [t.label for t in targets],
+        "layout": layout,
         **workload,
         "prompts_file": str(prompts) if prompts else None,
         **dataclasses.asdict(options),
@@ -256,7 +258,7 @@ async def run(argv: Sequence[str]) -> int:
         require_matplotlib()
     _check_outputs(parser, args)
     targets = distinct(args.target)
-    connection = Connection(**connect_options(args))
+    connection = Connection(**connect_options(args), layout=args.layout)
     stop = asyncio.Event()
     started = datetime.now(UTC)
     with _stop_on_interrupt(stop):
@@ -277,7 +279,7 @@ async def run(argv: Sequence[str]) -> int:
     comparison = compare(runs, greedy=options.temperature == 0.0)
     json_to_stdout = args.json is not None and str(args.json) == "-"
     if args.json is not None:
-        text = to_json(comparison, runs, _settings(targets, spec, options, args.prompts_file))
+        text = to_json(comparison, runs, _settings(targets, spec, options, args.prompts_file, args.layout))
         if json_to_stdout:
             print(text)
         else:

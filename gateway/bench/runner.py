@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import pb
-from ..client import OpenEngineClient, StatusError, text_request
+from ..client import Layout, OpenEngineClient, StatusError, text_request
 from .errors import BenchError
 from .progress import Progress
 from .records import RequestRecord, Target, TargetRun
@@ -81,11 +81,12 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class Connection:
-    """How to reach every target: bearer token and TLS (system roots unless a CA is given)."""
+    """How to reach every target: bearer token, TLS (system roots unless a CA is given), and the layout spoken."""
 
     token: str | None = None
     root_certificates: bytes | None = None
     tls: bool = False
+    layout: Layout = "seed"
 
 
 class _Sender:
@@ -267,6 +268,7 @@ async def benchmark(
                 token=connection.token,
                 root_certificates=connection.root_certificates,
                 tls=connection.tls,
+                layout=connection.layout,
                 check_compatibility=False,
             )
             clients.append(await stack.enter_async_context(client))

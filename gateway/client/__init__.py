@@ -10,17 +10,22 @@ from .client import (
     check_compatible,
     text_request,
 )
-from .errors import ClientError, EngineErrorEvent, IncompatibleServer, StatusError
+from .errors import ClientError, EngineErrorEvent, IncompatibleServer, NotInLayout, StatusError
+from .layouts import LAYOUTS, GenerateCall, Layout
 from .sync import SyncClient
 
 __all__ = [
     "CLIENT_REVISION",
+    "LAYOUTS",
     "TESTED_RELEASES",
     "TESTED_SERVER_REVISIONS",
     "ClientError",
     "Completion",
     "EngineErrorEvent",
+    "GenerateCall",
     "IncompatibleServer",
+    "Layout",
+    "NotInLayout",
     "OpenEngineClient",
     "Output",
     "StatusError",

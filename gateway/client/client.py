@@ -8,6 +8,10 @@
 revision or schema release is outside what this client was tested with. Errors are
 exceptions: ``StatusError`` for a non-OK status, ``EngineErrorEvent`` for a terminal
 ``EngineError`` in an accepted stream.
+
+``layout="later"`` speaks upstream's later ``Inference``/``Control`` services instead of the seed's
+``OpenEngine`` (``layouts.LaterStub``): the client's methods still take and return the seed's messages
+(``GetServerInfo`` read as ``EngineInfo``), and an RPC that layout lacks raises ``NotInLayout``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from typing import Any
 
 import grpc
 
-from .. import pb
+from .. import pb, pb_later
+from ..contract import layouts as convert
 from .errors import EngineErrorEvent, IncompatibleServer, StatusError
+from .layouts import GenerateCall, LaterStub, Layout
 
 CLIENT_REVISION = 1
 """The contract revision this client implements."""
@@ -30,11 +36,16 @@ TESTED_SERVER_REVISIONS = (1, 1)
 TESTED_RELEASES = {1: frozenset({pb.SCHEMA_RELEASE})}
 """Schema releases (immutable upstream commits) tested, per revision."""
 
+TESTED_LATER = ((1, 1), {1: frozenset({pb_later.SCHEMA_RELEASE})})
+"""The later layout's tested server revisions and releases (its own count: upstream restarted it at 1)."""
 
-def check_compatible(info: pb.EngineInfo) -> None:
-    """Raise ``IncompatibleServer`` unless ``info`` is inside the tested compatibility range."""
+
+def check_compatible(info: pb.EngineInfo | pb_later.ServerInfo) -> None:
+    """Raise ``IncompatibleServer`` unless ``info`` is inside the tested compatibility range: the seed's
+    ``EngineInfo``, or the later layout's ``ServerInfo`` against that layout's own range."""
     revision = info.schema_revision
-    oldest, newest = TESTED_SERVER_REVISIONS
+    tested = (TESTED_SERVER_REVISIONS, TESTED_RELEASES) if isinstance(info, pb.EngineInfo) else TESTED_LATER
+    (oldest, newest), releases = tested
     if revision == 0:
         raise IncompatibleServer("the server reports schema_revision 0, which is invalid")
     if not oldest <= revision <= newest:
@@ -43,7 +54,7 @@ def check_compatible(info: pb.EngineInfo) -> None:
         raise IncompatibleServer(
             f"the server requires client revision {info.minimum_client_revision}; this client is {CLIENT_REVISION}"
         )
-    if info.schema_release not in TESTED_RELEASES.get(revision, frozenset()):
+    if info.schema_release not in releases.get(revision, frozenset()):
         raise IncompatibleServer(f"server schema release {info.schema_release!r} was not tested with this client")
 
 
@@ -102,11 +113,14 @@ class Completion:
 
 
 class OpenEngineClient:
-    """Typed helpers for every OpenEngine RPC over one channel."""
+    """Typed helpers for every OpenEngine RPC over one channel, in either layout."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, token: str | None = None) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, token: str | None = None, layout: Layout = "seed") -> None:
         self.channel = channel
+        self.layout: Layout = layout
         self.stub = pb.OpenEngineStub(channel)
+        """The seed service's generated stub (for calls the helpers do not make)."""
+        self._rpc = self.stub if layout == "seed" else LaterStub(channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.engine_info: pb.EngineInfo | None = None
 
@@ -123,12 +137,13 @@ class OpenEngineClient:
         check_compatibility: bool = True,
         timeout_s: float = 10.0,
         channel_options: Sequence[tuple[str, Any]] = (),
+        layout: Layout = "seed",
     ) -> OpenEngineClient:
         """Open a channel and check compatibility.
 
-        TLS when ``tls`` is set or any certificate is given (the system's roots without
-        ``root_certificates``). ``channel_options`` are gRPC channel arguments, such as
-        ``("grpc.max_receive_message_length", n)``.
+        ``layout`` picks the services spoken (the seed's, or upstream's later ones). TLS when ``tls``
+        is set or any certificate is given (the system's roots without ``root_certificates``).
+        ``channel_options`` are gRPC channel arguments, such as ``("grpc.max_receive_message_length", n)``.
         """
         options = list(channel_options)
         if tls or root_certificates or certificate_chain:
@@ -136,15 +151,25 @@ class OpenEngineClient:
             channel = grpc.aio.secure_channel(target, credentials, options=options)
         else:
             channel = grpc.aio.insecure_channel(target, options=options)
-        client = cls(channel, token=token)
+        client = cls(channel, token=token, layout=layout)
         try:
-            client.engine_info = await client.get_engine_info(timeout_s=timeout_s)
+            info = await client.identity(timeout_s=timeout_s)
             if check_compatibility:
-                check_compatible(client.engine_info)
+                check_compatible(info)
+            client.engine_info = info if isinstance(info, pb.EngineInfo) else convert.server_info_to_seed(info)
         except BaseException:
             await channel.close()
             raise
         return client
+
+    async def identity(self, *, timeout_s: float | None = None) -> pb.EngineInfo | pb_later.ServerInfo:
+        """The layout's own identity message, unconverted: ``EngineInfo``, or the later layout's ``ServerInfo``,
+        whose schema revision and release are that layout's (what compatibility is checked against)."""
+        if isinstance(self._rpc, LaterStub):
+            request = pb_later.GetServerInfoRequest()
+            info: pb_later.ServerInfo = await self._unary(self._rpc.GetServerInfo, request, timeout_s)
+            return info
+        return await self.get_engine_info(timeout_s=timeout_s)
 
     @property
     def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
@@ -185,7 +210,13 @@ class OpenEngineClient:
         self, request: pb.GenerateRequest, *, timeout_s: float | None = None
     ) -> AsyncIterator[pb.GenerateResponse]:
         """The raw response stream (an ``EngineError`` event is yielded, not raised)."""
-        return self._stream(self.stub.Generate, request, timeout_s)
+        return self._stream(self._rpc.Generate, request, timeout_s)
+
+    def generate_call(self, request: pb.GenerateRequest, *, timeout_s: float | None = None) -> GenerateCall:
+        """The Generate call itself, for a caller that reads it at its own pace, cancels it or waits for its
+        end; its errors are grpc's (``StatusError.from_rpc_error`` wraps one)."""
+        call: GenerateCall = self._rpc.Generate(request, metadata=self._metadata, timeout=timeout_s)
+        return call
 
     async def generate(self, request: pb.GenerateRequest, *, timeout_s: float | None = None) -> Completion:
         """Run a generation to its end and collect it; a terminal error raises ``EngineErrorEvent``."""
@@ -220,35 +251,35 @@ class OpenEngineClient:
 
     async def embed(self, request: pb.EmbedRequest, *, timeout_s: float | None = None) -> pb.EmbedResponse:
         """Embeddings for every input."""
-        response: pb.EmbedResponse = await self._unary(self.stub.Embed, request, timeout_s)
+        response: pb.EmbedResponse = await self._unary(self._rpc.Embed, request, timeout_s)
         return response
 
     async def classify(self, request: pb.ClassifyRequest, *, timeout_s: float | None = None) -> pb.ClassifyResponse:
         """Class scores for every input."""
-        response: pb.ClassifyResponse = await self._unary(self.stub.Classify, request, timeout_s)
+        response: pb.ClassifyResponse = await self._unary(self._rpc.Classify, request, timeout_s)
         return response
 
     async def score(self, request: pb.ScoreRequest, *, timeout_s: float | None = None) -> pb.ScoreResponse:
         """Scores for every candidate of every group."""
-        response: pb.ScoreResponse = await self._unary(self.stub.Score, request, timeout_s)
+        response: pb.ScoreResponse = await self._unary(self._rpc.Score, request, timeout_s)
         return response
 
     # -- metadata and lifecycle -----------------------------------------------------------
 
     async def get_engine_info(self, *, timeout_s: float | None = None) -> pb.EngineInfo:
         """The server's identity and schema revision."""
-        info: pb.EngineInfo = await self._unary(self.stub.GetEngineInfo, pb.GetEngineInfoRequest(), timeout_s)
+        info: pb.EngineInfo = await self._unary(self._rpc.GetEngineInfo, pb.GetEngineInfoRequest(), timeout_s)
         return info
 
     async def model_info(self, model: str, *, timeout_s: float | None = None) -> pb.ModelInfo:
         """What ``model`` advertises."""
-        info: pb.ModelInfo = await self._unary(self.stub.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout_s)
+        info: pb.ModelInfo = await self._unary(self._rpc.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout_s)
         return info
 
     async def load(self, *, per_rank: bool = False, timeout_s: float | None = None) -> pb.LoadInfo:
         """A load snapshot."""
         load: pb.LoadInfo = await self._unary(
-            self.stub.GetLoad, pb.GetLoadRequest(include_per_rank=per_rank), timeout_s
+            self._rpc.GetLoad, pb.GetLoadRequest(include_per_rank=per_rank), timeout_s
         )
         return load
 
@@ -256,39 +287,39 @@ class OpenEngineClient:
         self, request: pb.HealthRequest | None = None, *, timeout_s: float | None = None
     ) -> pb.HealthResponse:
         """Health, optionally with an inference probe."""
-        response: pb.HealthResponse = await self._unary(self.stub.Health, request or pb.HealthRequest(), timeout_s)
+        response: pb.HealthResponse = await self._unary(self._rpc.Health, request or pb.HealthRequest(), timeout_s)
         return response
 
     async def abort(self, request: pb.AbortRequest, *, timeout_s: float | None = None) -> pb.AbortResponse:
         """Abort a request, a KV session, or everything."""
-        response: pb.AbortResponse = await self._unary(self.stub.Abort, request, timeout_s)
+        response: pb.AbortResponse = await self._unary(self._rpc.Abort, request, timeout_s)
         return response
 
     def drain(self, request: pb.DrainRequest, *, timeout_s: float | None = None) -> AsyncIterator[pb.DrainResponse]:
         """Drain progress until COMPLETE or a terminal error event."""
-        return self._stream(self.stub.Drain, request, timeout_s)
+        return self._stream(self._rpc.Drain, request, timeout_s)
 
     async def load_lora(self, adapter: pb.LoraAdapter, *, timeout_s: float | None = None) -> pb.LoadLoraResponse:
         """Load a LoRA adapter."""
         request = pb.LoadLoraRequest(adapter=adapter)
-        response: pb.LoadLoraResponse = await self._unary(self.stub.LoadLora, request, timeout_s)
+        response: pb.LoadLoraResponse = await self._unary(self._rpc.LoadLora, request, timeout_s)
         return response
 
     async def unload_lora(self, name: str, *, timeout_s: float | None = None) -> pb.UnloadLoraResponse:
         """Unload a LoRA adapter by name."""
         request = pb.UnloadLoraRequest(lora_name=name)
-        response: pb.UnloadLoraResponse = await self._unary(self.stub.UnloadLora, request, timeout_s)
+        response: pb.UnloadLoraResponse = await self._unary(self._rpc.UnloadLora, request, timeout_s)
         return response
 
     async def list_loras(self, *, timeout_s: float | None = None) -> list[pb.LoraAdapter]:
         """Loaded LoRA adapters."""
-        response: pb.ListLorasResponse = await self._unary(self.stub.ListLoras, pb.ListLorasRequest(), timeout_s)
+        response: pb.ListLorasResponse = await self._unary(self._rpc.ListLoras, pb.ListLorasRequest(), timeout_s)
         return list(response.adapters)
 
     async def kv_connector(self, *, timeout_s: float | None = None) -> pb.KvConnectorInfo:
         """The KV connector description."""
         info: pb.KvConnectorInfo = await self._unary(
-            self.stub.GetKvConnectorInfo, pb.GetKvConnectorInfoRequest(), timeout_s
+            self._rpc.GetKvConnectorInfo, pb.GetKvConnectorInfoRequest(), timeout_s
         )
         return info
 
@@ -297,20 +328,20 @@ class OpenEngineClient:
     ) -> list[pb.KvEventSource]:
         """Engine-native KV event publishers."""
         request = pb.GetKvEventSourcesRequest(data_parallel_ranks=ranks)
-        response: pb.GetKvEventSourcesResponse = await self._unary(self.stub.GetKvEventSources, request, timeout_s)
+        response: pb.GetKvEventSourcesResponse = await self._unary(self._rpc.GetKvEventSources, request, timeout_s)
         return list(response.sources)
 
     def kv_events(
         self, request: pb.SubscribeKvEventsRequest, *, timeout_s: float | None = None
     ) -> AsyncIterator[pb.SubscribeKvEventsResponse]:
         """KV event batches (a terminal error event is yielded, not raised)."""
-        return self._stream(self.stub.SubscribeKvEvents, request, timeout_s)
+        return self._stream(self._rpc.SubscribeKvEvents, request, timeout_s)
 
     def runtime_events(
         self, request: pb.SubscribeRuntimeEventsRequest, *, timeout_s: float | None = None
     ) -> AsyncIterator[pb.SubscribeRuntimeEventsResponse]:
         """Runtime events (a terminal error event is yielded, not raised)."""
-        return self._stream(self.stub.SubscribeRuntimeEvents, request, timeout_s)
+        return self._stream(self._rpc.SubscribeRuntimeEvents, request, timeout_s)
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Client-side errors: a non-OK status, a terminal ``EngineError`` event, or an incompatible server."""
+"""Client-side errors: a non-OK status (or an RPC the layout lacks), a terminal ``EngineError`` event, or an
+incompatible server."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ class StatusError(ClientError):
         return cls(error.code(), error.details() or "", retry_after)
 
 
+class NotInLayout(StatusError):
+    """What the layout the client speaks cannot say, refused by the client without a call: an RPC it does
+    not have (UNIMPLEMENTED, as the server would answer: the later layout has no Drain) or a request field
+    with no place in it (INVALID_ARGUMENT: the seed's ``GenerateRequest.metadata``)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, layout: str) -> None:
+        super().__init__(code, details)
+        self.layout = layout
+
+
 class EngineErrorEvent(ClientError):
     """An accepted operation failed: the stream ended with a terminal ``EngineError``."""
 
@@ -61,4 +72,4 @@ class IncompatibleServer(ClientError):
     """The server's schema revision or release is outside what this client was tested with."""
 
 
-__all__ = ["ClientError", "EngineErrorEvent", "IncompatibleServer", "StatusError"]
+__all__ = ["ClientError", "EngineErrorEvent", "IncompatibleServer", "NotInLayout", "StatusError"]

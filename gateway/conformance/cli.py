@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..client import ClientError, OpenEngineClient
-from ..client.connection_options import add_connection_options, connect_options
+from ..client.connection_options import add_connection_options, add_layout_option, connect_options
 from .kit import Outcome, Target, all_rules, run_rules
 from .report import to_json, to_text
 
@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--include-disruptive", action="store_true", help="also run checks that drain the server")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file ('-' for stdout)")
     parser.add_argument("--timeout", type=_positive, default=60.0, help="seconds per rule")
+    add_layout_option(parser)
     add_connection_options(parser)
     return parser
 
@@ -45,7 +46,8 @@ async def _run(args: argparse.Namespace) -> int:
         rules = [r for r in rules if any(fnmatch.fnmatch(r.id, pattern) for pattern in args.rule)]
         if not rules:
             raise ClientError(f"no rule matches {' '.join(args.rule)}")
-    client = await OpenEngineClient.connect(args.target, **connect_options(args), check_compatibility=False)
+    options = connect_options(args)
+    client = await OpenEngineClient.connect(args.target, **options, layout=args.layout, check_compatibility=False)
     async with client:
         target = await Target.open(client, args.model, timeout_s=args.timeout)
         results = await run_rules(target, rules)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from .. import pb, routes_pb
-from ..client import OpenEngineClient, StatusError
+from ..client import NotInLayout, OpenEngineClient, StatusError
 from .observe import CheckFailed, OpenCall, Stream, advertised
 
 _PROMPT_ALLOWANCE = 64
@@ -158,7 +158,7 @@ class Target:
         if not self.pin:
             return
         for source in self.sticky:
-            if source.startswith("metadata."):
+            if source.startswith("metadata.") and self.client.layout == "seed":  # the later layout has no metadata
                 request.metadata[source.removeprefix("metadata.")] = self.pin
                 return
             if source == "cache_salt" and advertised(self.model_info.generation, "supports_cache_salt"):
@@ -207,8 +207,11 @@ class Target:
         return stream
 
     def open_call(self, request: pb.GenerateRequest) -> OpenCall:
-        """Start a Generate call that the check reads at its own pace."""
-        return OpenCall(self.client, request, self.timeout_s)
+        """Start a Generate call that the check reads at its own pace; one still open when the rule ends (it
+        failed, or turned out not to apply) is cancelled then, so no later rule finds it running."""
+        call = OpenCall(self.client, request, self.timeout_s)
+        self.on_exit(call.close)
+        return call
 
     async def greedy(self, max_tokens: int = 16) -> Stream:
         """The model's greedy continuation of ``prompt()`` (EOS ignored), run once per length.
@@ -266,6 +269,8 @@ class Target:
         """Await ``call`` and require a non-OK status among ``codes``."""
         try:
             await call
+        except NotInLayout:
+            raise  # not the server's answer: the rule does not apply in this layout
         except StatusError as error:
             if error.code not in codes:
                 expected = " or ".join(getattr(c, "name", str(c)) for c in codes)
@@ -354,6 +359,8 @@ async def _verdict(rule_: Rule, target: Target) -> tuple[Outcome, str]:
         outcome, message = Outcome.PASSED, ""
     except NotApplicable as exc:
         outcome, message = Outcome.NOT_APPLICABLE, str(exc)
+    except NotInLayout as exc:  # the layout spoken lacks the RPC: the rule cannot be asked there
+        outcome, message = Outcome.NOT_APPLICABLE, exc.details
     except AssertionError as exc:
         outcome, message = Outcome.FAILED, str(exc) or "assertion failed"
     except TimeoutError:

@@ -94,7 +94,7 @@ class OpenCall:
     def __init__(self, client: OpenEngineClient, request: pb.GenerateRequest, timeout_s: float) -> None:
         self.request = request
         self.messages: list[pb.GenerateResponse] = []
-        self._call = client.stub.Generate(request, metadata=client.call_metadata, timeout=timeout_s)
+        self._call = client.generate_call(request, timeout_s=timeout_s)
 
     async def _read(self) -> pb.GenerateResponse | None:
         try:
@@ -120,6 +120,10 @@ class OpenCall:
     def cancel(self) -> None:
         """Cancel the call from the client side (a no-op once it has ended)."""
         self._call.cancel()
+
+    async def close(self) -> None:
+        """``cancel``, for ``Target.on_exit``."""
+        self.cancel()
 
 
 def present(message: Message, field: str) -> bool:

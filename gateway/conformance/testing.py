@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..client import OpenEngineClient
+from ..client import Layout, OpenEngineClient
 from ..core.gateway import GatewayOptions
 from ..spi.backend import Backend
 from ..testing import serve_backends
@@ -15,21 +15,28 @@ from .kit import Outcome, Result, Target
 
 @contextlib.asynccontextmanager
 async def in_process_target(
-    backend: Backend[Any], *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
+    backend: Backend[Any],
+    *,
+    model: str = "model",
+    options: GatewayOptions = GatewayOptions(),
+    timeout_s: float = 60.0,
+    layout: Layout = "seed",
 ) -> AsyncIterator[Target]:
-    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it."""
+    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it, speaking ``layout``."""
     async with (
         serve_backends([(model, backend)], options=options) as running,
-        target_at(running.address, model, timeout_s=timeout_s) as target,
+        target_at(running.address, model, timeout_s=timeout_s, layout=layout) as target,
     ):
         yield target
 
 
 @contextlib.asynccontextmanager
-async def target_at(address: str, model: str = "", *, timeout_s: float = 60.0) -> AsyncIterator[Target]:
+async def target_at(
+    address: str, model: str = "", *, timeout_s: float = 60.0, layout: Layout = "seed"
+) -> AsyncIterator[Target]:
     """A ``Target`` for ``model`` (default: the first served) of the gateway serving at ``address``, on a
-    client of its own, closed on exit."""
-    client = await OpenEngineClient.connect(address)
+    client of its own speaking ``layout``, closed on exit."""
+    client = await OpenEngineClient.connect(address, layout=layout)
     async with client:
         yield await Target.open(client, model, timeout_s=timeout_s)
 

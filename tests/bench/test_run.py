@@ -78,6 +78,22 @@ async def test_two_targets_same_workload_consistent_report(
     assert "concurrency 3, 12 requests per target" in table
 
 
+async def test_the_later_layout_measures_the_same_outputs(gateway: RunningGateway, tmp_path: Path) -> None:
+    """``--layout later`` sends the workload through upstream's later services: the same greedy outputs."""
+    outputs = {}
+    for layout in ("seed", "later"):
+        argv = [
+            *("--target", f"{gateway.address}/a", "--layout", layout, "--num-requests", "3", "--seed", "3"),
+            *("--prompt-len", "8", "--output-len", "2:5", "--json", str(tmp_path / f"{layout}.json"), "--no-progress"),
+        ]
+        assert await run(argv) == 0
+        document = json.loads((tmp_path / f"{layout}.json").read_text())
+        [target] = document["targets"]
+        assert (document["settings"]["layout"], target["completed"], target["errors"]) == (layout, 3, {})
+        outputs[layout] = [r["output_tokens"] for r in target["per_request"]], target["usage_completion_tokens"]
+    assert outputs["later"] == outputs["seed"]
+
+
 async def test_request_rate_sends_every_target_the_same_requests_and_counts_errors(
     gateway: RunningGateway, tmp_path: Path
 ) -> None:

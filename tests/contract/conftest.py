@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from openengine_backends.mock import MockBackend, MockSettings
-from openengine_gateway.client import OpenEngineClient
-from openengine_gateway.conformance import Target, in_process_target
+from openengine_gateway.client import Layout, OpenEngineClient
+from openengine_gateway.conformance import Outcome, Target, in_process_target
 from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.testing import RunningGateway, serve_backends
 
@@ -58,24 +58,30 @@ def mock(**settings: Any) -> MockBackend:
 
 
 @contextlib.asynccontextmanager
-async def fresh_target(config: str, options: GatewayOptions = GatewayOptions()) -> AsyncIterator[Target]:
-    """A new gateway for ``config``, closed on exit."""
-    async with in_process_target(mock(**CONFIGS[config]), options=options, timeout_s=30.0) as target:
+async def fresh_target(
+    config: str, options: GatewayOptions = GatewayOptions(), *, layout: Layout = "seed"
+) -> AsyncIterator[Target]:
+    """A new gateway for ``config``, asked in ``layout``, closed on exit."""
+    async with in_process_target(mock(**CONFIGS[config]), options=options, timeout_s=30.0, layout=layout) as target:
         yield target
 
 
 class Targets:
-    """Session-wide gateways, one per configuration, started on first use."""
+    """Session-wide gateways, one per configuration and layout, started on first use; and the outcome of
+    each rule run on them, for comparing the layouts."""
 
     def __init__(self, stack: contextlib.AsyncExitStack) -> None:
         self._stack = stack
-        self._targets: dict[str, Target] = {}
+        self._targets: dict[tuple[str, Layout], Target] = {}
+        self.outcomes: dict[tuple[str, Layout, str], Outcome] = {}
+        """(configuration, layout, rule id) -> the rule's outcome there."""
 
-    async def get(self, config: str) -> Target:
-        """The shared target for ``config``."""
-        if config not in self._targets:
-            self._targets[config] = await self._stack.enter_async_context(fresh_target(config))
-        return self._targets[config]
+    async def get(self, config: str, layout: Layout = "seed") -> Target:
+        """The shared target for ``config`` in ``layout``."""
+        if (config, layout) not in self._targets:
+            target = await self._stack.enter_async_context(fresh_target(config, layout=layout))
+            self._targets[config, layout] = target
+        return self._targets[config, layout]
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 
 What the front serves must conform exactly as the engine behind it does; rules the mock does not
 advertise report not-applicable and are skipped. One back gateway serves every rule; each rule
-gets a fresh front, so no rule sees requests another left behind there. Disruptive rules (a
-Drain that stops admission) are left out: the back serves them all.
+gets a fresh front, so no rule sees requests another left behind there. The front asks the back in
+either layout: through the later one, what that layout lacks (tasks, runtime events) is not applicable.
+Disruptive rules (a Drain that stops admission) are left out: the back serves them all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from openengine_gateway.client import LAYOUTS
 from openengine_gateway.conformance import Rule, Target, all_rules, assert_conforms, in_process_target, run_rule
 from openengine_gateway.testing import RunningGateway
 
@@ -25,10 +27,13 @@ async def behind() -> AsyncIterator[RunningGateway]:
         yield running
 
 
-@pytest.fixture
-async def target(behind: RunningGateway) -> AsyncIterator[Target]:
-    """A front gateway's only model, ``model``, as a conformance target."""
-    async with in_process_target(remote(behind.address, runtime_events="on")) as target:
+@pytest.fixture(params=LAYOUTS)
+async def target(behind: RunningGateway, request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    """A front gateway's only model, ``model``, as a conformance target; the front asks the back in the seed
+    layout or the later one (which has no runtime events to relay)."""
+    layout = request.param
+    events = "on" if layout == "seed" else "auto"
+    async with in_process_target(remote(behind.address, layout=layout, runtime_events=events)) as target:
         yield target
 
 
