@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from openengine_gateway import pb
-from openengine_gateway.client import OpenEngineClient
+from openengine_gateway.client import Layout, OpenEngineClient
 from openengine_gateway.conformance import Outcome, Target, all_rules, run_rules
 from openengine_gateway.plugins import installed_backends
 
@@ -18,7 +18,9 @@ MOCK = 'backend = "mock"\noptions = {{ decode_time_per_step_s = 0.002 }}\nserved
 ECHO = 'backend = "echo"\nserved_model_name = "echo"\n'
 
 
-async def kit_on_split(tmp_path: Path, engines: dict[str, str]) -> tuple[dict[str, list[str]], pb.ModelInfo]:
+async def kit_on_split(
+    tmp_path: Path, engines: dict[str, str], layout: Layout = "seed"
+) -> tuple[dict[str, list[str]], pb.ModelInfo]:
     """Serve ``engines`` (served name -> its [[engines]] table) and a split ``ab`` of them, half and
     half, and run every rule against ``ab``: rule ids by outcome (a failure with its message), and
     what the split advertised."""
@@ -29,7 +31,7 @@ async def kit_on_split(tmp_path: Path, engines: dict[str, str]) -> tuple[dict[st
         f'[plugins]\nallow = ["mock", "echo"]\n\n{tables}[[splits]]\nname = "ab"\nengines = {{ {weights} }}\n'
     )
     async with gateway_process("--config", str(config), cwd=tmp_path) as gateway:
-        async with await OpenEngineClient.connect(gateway.address) as client:
+        async with await OpenEngineClient.connect(gateway.address, layout=layout) as client:
             target = await Target.open(client, "ab", timeout_s=60.0)
             assert target.sticky == ("metadata.session", "cache_salt"), "the kit reads the split's sticky sources"
             results = await run_rules(target, all_rules())
@@ -41,8 +43,9 @@ async def kit_on_split(tmp_path: Path, engines: dict[str, str]) -> tuple[dict[st
     return outcomes, target.model_info
 
 
-async def test_the_kit_passes_on_a_split_of_two_mocks(tmp_path: Path) -> None:
-    outcomes, _ = await kit_on_split(tmp_path, {name: MOCK.format(name=name) for name in ("m1", "m2")})
+@pytest.mark.parametrize("layout", ["seed", "later"])
+async def test_the_kit_passes_on_a_split_of_two_mocks(tmp_path: Path, layout: Layout) -> None:
+    outcomes, _ = await kit_on_split(tmp_path, {name: MOCK.format(name=name) for name in ("m1", "m2")}, layout)
     assert outcomes["failed"] == []
     passed = set(outcomes["passed"])
     assert {"health.inference-probe", "stopping.stop-token", "generate.deltas", "stopping.include-stop-text"} <= passed
