@@ -22,9 +22,12 @@ from typing import Any
 from stevedore import DriverManager
 from stevedore.exception import MultipleMatches, NoMatches
 
+from . import compat
 from .config import did_you_mean
 from .errors import PluginError
-from .spi.backend import SPI_VERSION, Backend
+from .spi.backend import Backend
+
+log = logging.getLogger(__name__)
 
 GROUP = "openengine.backends"
 """The entry-point group a backend plugin registers in."""
@@ -138,12 +141,16 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     driver = manager.driver
     if not (isinstance(driver, type) and issubclass(driver, Backend)):
         raise PluginError(f"backend {name!r} ({candidates[0].target}) is not a openengine_gateway.spi.Backend subclass")
-    if driver.spi_version != SPI_VERSION:
-        raise PluginError(
-            f"backend {name!r} from {candidates[0].distribution} {candidates[0].version} implements backend SPI "
-            f"version {driver.spi_version}; this gateway implements version {SPI_VERSION}"
-        )
-    return driver
+    return served(driver, compat.assess(driver, name, candidates[0].distribution, candidates[0].version))
 
 
-__all__ = ["GROUP", "InstalledBackend", "installed_backends", "load_backend", "missing_packages"]
+def served(driver: type[Backend[Any]], verdict: compat.Verdict) -> type[Backend[Any]]:
+    """The class to serve ``driver`` with, by its ``verdict``: each deprecation logged once; a refusal raised."""
+    if verdict.service is compat.Service.REFUSED:
+        raise PluginError(verdict.refusal())
+    for line in verdict.deprecations:
+        log.warning("%s", line)
+    return compat.serve(driver, verdict)
+
+
+__all__ = ["GROUP", "InstalledBackend", "installed_backends", "load_backend", "missing_packages", "served"]

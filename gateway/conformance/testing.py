@@ -6,8 +6,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .. import compat
 from ..client import OpenEngineClient
+from ..compat import distribution_of
 from ..core.gateway import GatewayOptions
+from ..plugins import served
 from ..spi.backend import Backend
 from ..testing import serve_backends
 from .kit import Outcome, Result, Target
@@ -17,7 +20,14 @@ from .kit import Outcome, Result, Target
 async def in_process_target(
     backend: Backend[Any], *, model: str = "model", options: GatewayOptions = GatewayOptions(), timeout_s: float = 60.0
 ) -> AsyncIterator[Target]:
-    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it."""
+    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it.
+
+    The driver's SPI revision is checked as the ``openengine-gateway`` command checks it: one it
+    refuses raises its ``PluginError``, and one of an older revision is served through the same
+    compatibility layer (the instance takes the adapter as its class).
+    """
+    driver = type(backend)
+    backend.__class__ = served(driver, compat.assess(driver, backend.name or driver.__name__, *distribution_of(driver)))
     async with (
         serve_backends([(model, backend)], options=options) as running,
         target_at(running.address, model, timeout_s=timeout_s) as target,

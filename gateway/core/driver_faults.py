@@ -1,0 +1,90 @@
+"""A driver's mistakes at request time, told apart from the gateway's own bugs.
+
+A plugin that returns the wrong type, breaks the event protocol or lets an exception escape is a
+broken engine, not a broken gateway: the request ends with a retryable error that names the plugin
+(an ``EngineError`` after acceptance, UNAVAILABLE on a unary call), the engine's count goes up
+(``openengine_gateway_driver_faults_total``), and Health reports the engine NOT_READY with the
+message for ``FAULT_HOLD_S``. An exception of the gateway's own code stays INTERNAL.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any
+
+from .. import pb
+from ..errors import EngineFailure, RequestError, Unavailable
+from ..spi.backend import Backend
+from ..spi.events import EventStream
+from ..spi.requests import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+FAULT_HOLD_S = 60.0
+"""How long Health reports the engine NOT_READY after its driver's latest mistake."""
+RETRY_AFTER_MS = 1000
+"""The delay suggested to a client whose request met a driver mistake (another engine may serve it)."""
+
+
+class DriverFaults:
+    """One engine's driver mistakes: how many, and the latest one while it is recent."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.count = 0
+        self._latest: tuple[str, float] | None = None
+
+    def record(self, what: str) -> str:
+        """Count and log one mistake; the message that names the plugin."""
+        message = f"backend {self.backend!r} broke the backend SPI: {what}"
+        self.count += 1
+        self._latest = (message, time.monotonic())
+        log.error("%s", message)
+        return message
+
+    def failure(self, what: str) -> EngineFailure:
+        """The terminal, retryable ``EngineError`` of an accepted request the driver failed."""
+        return EngineFailure(pb.ERROR_CODE_INTERNAL, self.record(what), retryable=True, retry_after_ms=RETRY_AFTER_MS)
+
+    def unavailable(self, what: str) -> Unavailable:
+        """The retryable status of a unary call the driver failed."""
+        return Unavailable(self.record(what), retry_after_ms=RETRY_AFTER_MS)
+
+    @property
+    def latest(self) -> str | None:
+        """The latest mistake's message, within ``FAULT_HOLD_S`` of it; else None."""
+        if self._latest is None or time.monotonic() - self._latest[1] > FAULT_HOLD_S:
+            return None
+        return self._latest[0]
+
+
+def escaped(exc: BaseException) -> str:
+    """How an exception that escaped the driver is named in the message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def open_stream(backend: Backend[Any], faults: DriverFaults, request: GenerationRequest) -> EventStream:
+    """``backend.generate(request)``; a driver mistake is a stream that fails with it, so the request,
+    already accepted, ends with one ``EngineError``. A refusal (``RequestError``) is raised as it is."""
+    try:
+        events = backend.generate(request)
+    except (RequestError, EngineFailure):
+        raise
+    except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
+        return _failed(faults.failure(f"generate raised {escaped(exc)}"))
+    if isinstance(events, EventStream):
+        return events
+    if inspect.iscoroutine(events):
+        events.close()  # never awaited: no warning
+    return _failed(faults.failure(f"generate returned {type(events).__name__}, not an EventStream"))
+
+
+def _failed(failure: EngineFailure) -> EventStream:
+    stream = EventStream()
+    stream.fail(failure)
+    return stream
+
+
+__all__ = ["FAULT_HOLD_S", "RETRY_AFTER_MS", "DriverFaults", "escaped", "open_stream"]
