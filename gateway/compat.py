@@ -63,12 +63,13 @@ class Service(Enum):
 class Verdict:
     """The revision a driver targets, where that came from, and how it is served."""
 
-    revision: int
+    revision: int | None
+    """None when it cannot be known (a driver that fails to import)."""
     source: str
     """How the revision was found: ``declared``, ``in tree``, the requirement, or ``none declared``."""
     service: Service
     deprecations: tuple[str, ...] = ()
-    """One line per adaptation the compatibility layer makes (COMPAT)."""
+    """One per adaptation the compatibility layer makes (COMPAT): what the driver uses, what replaces it."""
     reason: str = ""
     """Why it is refused (REFUSED)."""
     plugin: str = ""
@@ -76,8 +77,19 @@ class Verdict:
 
     @property
     def summary(self) -> str:
-        """``SPI 1 (none declared) compat``: the ``backends`` column."""
-        return f"SPI {self.revision} ({self.source}) {self.service.value}"
+        """``SPI 1 (none declared...) compat``: the ``backends`` column (a refusal with its reason)."""
+        revision = "?" if self.revision is None else self.revision
+        reason = f": {self.reason}" if self.service is Service.REFUSED else ""
+        return f"SPI {revision} ({self.source}) {self.service.value}{reason}"
+
+    def warnings(self) -> list[str]:
+        """The load-time deprecation lines, one per adaptation, each naming the plugin."""
+        return [
+            f"backend {self.plugin!r} ({self.distribution}) targets SPI revision {self.revision}: {deprecation}. "
+            f"Served through the compatibility layer; declare spi_version = {SPI_VERSION} once migrated "
+            "(CHANGELOG.md)"
+            for deprecation in self.deprecations
+        ]
 
     def refusal(self) -> str:
         """The load-time error: the plugin, its distribution, both revisions and why."""
@@ -86,6 +98,16 @@ class Verdict:
             f"{self.revision} ({self.source}); this gateway implements revision {SPI_VERSION} and serves "
             f"{_served()}: {self.reason}"
         )
+
+
+def in_tree(plugin: str) -> Verdict:
+    """The verdict on a driver of the gateway's own distribution, which moves with it (nothing imported)."""
+    return Verdict(SPI_VERSION, "in tree", Service.NATIVE, plugin=plugin, distribution=f"{GATEWAY} {__version__}")
+
+
+def unloadable(plugin: str, where: str, reason: str) -> Verdict:
+    """The verdict on a driver that cannot even be read (fails to import, is not a ``Backend``)."""
+    return Verdict(None, "unknown", Service.REFUSED, reason=reason, plugin=plugin, distribution=where)
 
 
 def _served() -> str:
@@ -148,7 +170,7 @@ def assess(driver: type[Backend[Any]], plugin: str, dist: str, version: str = ""
     elif requirement is not None:
         known = ", ".join(f"{r}: {', '.join(v)}" for r, v in sorted(RELEASES.items()))
         return Verdict(
-            0,
+            None,
             f"from its requirement {requirement[0]}",
             Service.REFUSED,
             reason=f"the requirement admits no release this gateway knows (releases per revision: {known})",
@@ -163,9 +185,7 @@ def assess(driver: type[Backend[Any]], plugin: str, dist: str, version: str = ""
     if revision == SPI_VERSION:
         return Verdict(revision, source, Service.NATIVE, plugin=plugin, distribution=where)
     lines = tuple(
-        f"backend {plugin!r} ({where}) targets SPI revision 1: its {method} {old}; revision {SPI_VERSION} returns "
-        f"{new}. Served through the compatibility layer; declare spi_version = {SPI_VERSION} once migrated "
-        "(CHANGELOG.md)"
+        f"its {method} {old}; revision {SPI_VERSION} returns {new}"
         for method, (old, new) in _REVISION_1_SHAPES.items()
         if _overrides(driver, method)
     )
@@ -185,12 +205,17 @@ def _refusal(driver: type[Backend[Any]], revision: int) -> str:
 
 
 def _overrides(driver: type[Backend[Any]], method: str) -> bool:
-    """Whether the driver has its own ``method`` in revision 1's shape (revision 1 let ``generate`` return
-    an ``EventStream`` already, which its annotation then says)."""
+    """Whether the driver has its own ``method`` in revision 1's shape: one whose return annotation names
+    today's shape (an ``EventStream``, already allowed in revision 1; an SPI value, not a ``pb.`` message)
+    is not adapted, so it gets no deprecation."""
     own = getattr(driver, method)
-    if method == "generate":
-        return "EventStream" not in str(inspect.signature(own, eval_str=False).return_annotation)
-    return own is not getattr(Backend, method)
+    if own is getattr(Backend, method):
+        return False
+    annotation = inspect.signature(own, eval_str=False).return_annotation
+    if annotation is inspect.Signature.empty:
+        return True
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    return "EventStream" not in text if method == "generate" else "pb." in text
 
 
 def serve(driver: type[Backend[Any]], verdict: Verdict) -> type[Backend[Any]]:
@@ -278,6 +303,8 @@ __all__ = [
     "assess",
     "declared_revision",
     "distribution_of",
+    "in_tree",
     "required_revisions",
     "serve",
+    "unloadable",
 ]
