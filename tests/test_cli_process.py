@@ -72,6 +72,19 @@ def run_command(*args: str, cwd: Path, timeout_s: float = 60.0) -> subprocess.Co
     return subprocess.run([*command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+def test_backends_into_a_pipe_its_reader_closed_ends_quietly(tmp_path: Path) -> None:
+    """``openengine-gateway backends | head -1``: the reader has gone before the listing is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [*command(), "backends"], cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (1, "")  # no BrokenPipeError traceback
+
+
 def test_a_port_in_use_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))

@@ -61,3 +61,18 @@ async def test_a_frozen_plugin_passes_the_whole_kit_as_today_s_example_does(fold
     assert sum(outcome == "passed" for outcome in frozen.values()) > 0
     assert f"backend {name!r} ({dist} " in log and "targets SPI revision" in log  # its deprecations, at load
     assert "broke the backend SPI" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("folder", FROZEN, ids=lambda path: path.name)
+async def test_backends_shows_a_frozen_plugin_served_through_the_compatibility_layer(folder: Path) -> None:
+    name, dist = entry_point(folder)
+    if (name, dist) not in INSTALLED:
+        pytest.skip(f"{dist} is not installed (make test installs it: pip install --no-deps ./{folder.name})")
+    revision = int(folder.name.removeprefix("spi").split("-")[0])
+    process = await asyncio.create_subprocess_exec(*command(), "backends", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    lines = out.decode().splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.startswith(f"{name} ")]
+    assert f"  SPI {revision} (from its requirement openengine-gateway" in lines[index]
+    assert lines[index].endswith(") compat")
+    assert "deprecated: its generate returns an async iterator of events" in lines[index + 1]
