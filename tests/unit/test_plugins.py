@@ -12,20 +12,21 @@ import pkgutil
 import re
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import stevedore._cache
 from openengine_backends.mock import MockBackend
 from openengine_gateway import compat, pb
-from openengine_gateway.conformance import in_process_target
+from openengine_gateway.conformance import Outcome, all_rules, in_process_target, run_rule
 from openengine_gateway.errors import PluginError
 from openengine_gateway.plugins import GROUP, installed_backends, load_backend, missing_packages
 from openengine_gateway.spi import (
     SPI_VERSION,
     Backend,
     EventStream,
+    GenerationEvent,
     GenerationRequest,
     HealthCheck,
     KvEventSource,
@@ -299,10 +300,27 @@ class FutureBackend(MockBackend):
     spi_version = SPI_VERSION + 1
 
 
+class Revision1Mock(MockBackend):
+    """The mock in revision 1's shapes: an async generator from ``generate``, a wire message from ``load``."""
+
+    spi_version = 1
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        return aiter(super().generate(request))
+
+    async def load(self) -> pb.LoadInfo:  # type: ignore[override]
+        return pb.LoadInfo(running_requests=0, queued_requests=0)
+
+
 async def test_the_in_process_harness_checks_the_revision_as_the_command_does() -> None:
     with pytest.raises(PluginError, match=f"targets backend SPI revision {SPI_VERSION + 1}"):
         async with in_process_target(FutureBackend(MockBackend.Settings())):
             pass
+    backend = Revision1Mock(MockBackend.Settings())
+    async with in_process_target(backend) as target:  # served through the compatibility layer, as by the command
+        assert type(backend) is not Revision1Mock and isinstance(backend, Revision1Mock)  # its adapter
+        rules = [rule for rule in all_rules() if rule.id in ("generate.usage-cumulative", "load.idle-is-zero")]
+        assert [(await run_rule(rule, target)).outcome for rule in rules] == [Outcome.PASSED, Outcome.PASSED]
 
 
 def test_a_class_that_is_not_a_backend_is_refused(plugins: Path) -> None:
