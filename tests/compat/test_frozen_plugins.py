@@ -2,9 +2,10 @@
 
 Each ``tests/compat/spiN-*`` folder is a plugin as it was published against SPI revision N (its README
 says from which commit), installed beside today's gateway by ``make test`` (``.frozen-installed``). The
-whole conformance kit runs against it through ``openengine-gateway conformance``, and its results must
-be those the kit gives today's example plugin (the same engine, written for today's revision): a plugin
-that was conformant when it was written stays conformant.
+whole conformance kit runs against it through ``openengine-gateway conformance``, and its results must be
+those recorded when it was written (``expected/<folder>.json``: the kit of its commit against the gateway
+of its commit; a rule added since must not fail) and those the kit gives today's example plugin (the same
+engine, written for today's revision): a plugin that was conformant when it was written stays conformant.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ async def test_a_frozen_plugin_passes_the_whole_kit_as_today_s_example_does(fold
     if (name, dist) not in INSTALLED:
         pytest.skip(f"{dist} is not installed (make test installs it: pip install --no-deps ./{folder.name})")
     frozen, log = await kit(name, tmp_path)
+    written = json.loads((HERE / "expected" / f"{folder.name}.json").read_text())["outcomes"]
+    assert {rule: frozen.get(rule) for rule in written} == written  # rule by rule, as when it was written
     today, _ = await kit("echo", tmp_path)
-    assert frozen == today  # rule by rule: passed, failed or not applicable alike
+    assert frozen == today  # and as today's example: passed, failed or not applicable alike
     assert "failed" not in frozen.values()
     assert sum(outcome == "passed" for outcome in frozen.values()) > 0
     assert f"backend {name!r} ({dist} " in log and "targets SPI revision" in log  # its deprecations, at load

@@ -39,6 +39,7 @@ def test_every_older_revision_served_has_a_frozen_plugin_pinned_to_its_releases(
     assert len(folders) == 1, f"one frozen plugin for SPI revision {revision}: tests/compat/spi{revision}-*"
     folder = folders[0]
     assert "Do not edit" in (folder / "README.md").read_text()
+    assert (folder.parent / "expected" / f"{folder.name}.json").exists(), "the kit's results when it was written"
     dependencies = tomllib.loads((folder / "pyproject.toml").read_text())["project"]["dependencies"]
     (pin,) = [Requirement(d).specifier for d in dependencies if Requirement(d).name == compat.GATEWAY]
     admitted = {r for r, versions in compat.RELEASES.items() if any(pin.contains(v) for v in versions)}
