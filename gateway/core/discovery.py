@@ -212,7 +212,7 @@ async def _load(engine: Engine) -> Load:
     except RequestError:
         raise
     except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
-        raise engine.faults.unavailable(f"load raised {escaped(exc)}") from None
+        raise engine.faults.unavailable(f"load raised {escaped(exc)}", exc) from None
     if not isinstance(snapshot, Load):
         raise engine.faults.unavailable(f"load returned {type(snapshot).__name__}, not an spi.Load")
     return snapshot

@@ -36,21 +36,23 @@ class DriverFaults:
         self.count = 0
         self._latest: tuple[str, float] | None = None
 
-    def record(self, what: str) -> str:
-        """Count and log one mistake; the message that names the plugin."""
+    def record(self, what: str, exc: BaseException | None = None) -> str:
+        """Count and log one mistake (with the traceback of ``exc``, what escaped the driver); the message
+        that names the plugin."""
         message = f"backend {self.backend!r} broke the backend SPI: {what}"
         self.count += 1
         self._latest = (message, time.monotonic())
-        log.error("%s", message)
+        log.error("%s", message, exc_info=exc)
         return message
 
-    def failure(self, what: str) -> EngineFailure:
+    def failure(self, what: str, exc: BaseException | None = None) -> EngineFailure:
         """The terminal, retryable ``EngineError`` of an accepted request the driver failed."""
-        return EngineFailure(pb.ERROR_CODE_INTERNAL, self.record(what), retryable=True, retry_after_ms=RETRY_AFTER_MS)
+        message = self.record(what, exc)
+        return EngineFailure(pb.ERROR_CODE_INTERNAL, message, retryable=True, retry_after_ms=RETRY_AFTER_MS)
 
-    def unavailable(self, what: str) -> Unavailable:
+    def unavailable(self, what: str, exc: BaseException | None = None) -> Unavailable:
         """The retryable status of a unary call the driver failed."""
-        return Unavailable(self.record(what), retry_after_ms=RETRY_AFTER_MS)
+        return Unavailable(self.record(what, exc), retry_after_ms=RETRY_AFTER_MS)
 
     @property
     def latest(self) -> str | None:
@@ -73,7 +75,7 @@ def open_stream(backend: Backend[Any], faults: DriverFaults, request: Generation
     except (RequestError, EngineFailure):
         raise
     except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
-        return _failed(faults.failure(f"generate raised {escaped(exc)}"))
+        return _failed(faults.failure(f"generate raised {escaped(exc)}", exc))
     if isinstance(events, EventStream):
         return events
     if inspect.iscoroutine(events):

@@ -271,7 +271,7 @@ def _driver_failure(exc: Exception, faults: DriverFaults) -> EngineFailure:
     their meaning; anything else escaped the driver."""
     if isinstance(exc, EngineFailure | RequestError):
         return as_failure(exc)
-    return faults.failure(f"its event stream raised {escaped(exc)}")
+    return faults.failure(f"its event stream raised {escaped(exc)}", exc)
 
 
 __all__ = ["REPORTED_ABORT_GRACE_S", "GenerationService"]

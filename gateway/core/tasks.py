@@ -148,8 +148,9 @@ class TaskService:
             failed = True
             rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
             if not isinstance(exc, RequestError | EngineFailure):
-                what = str(exc) if isinstance(exc, _WrongResult) else f"raised {escaped(exc)}"
-                raise engine.faults.unavailable(f"{kind} {what}") from None
+                if isinstance(exc, _WrongResult):
+                    raise engine.faults.unavailable(f"{kind} {exc}") from None
+                raise engine.faults.unavailable(f"{kind} raised {escaped(exc)}", exc) from None
             error = as_status_error(exc)
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
