@@ -106,9 +106,8 @@ async def test_json_logs_one_object_per_line_with_the_request_id() -> None:
     lines = entries(buffer)
     by_message = {str(e["message"]): e for e in lines}
     assert by_message["generate ended: finished"]["request_id"] == "ok"
-    failed = by_message[
-        "backend 'fake' broke the backend SPI: its event stream raised RuntimeError: boom in the driver"
-    ]
+    fault = "backend 'fake' broke the backend SPI: "
+    failed = by_message[fault + "its event stream raised RuntimeError: boom in the driver"]
     assert failed["request_id"] == "boom" and failed["level"] == "ERROR"
     assert "RuntimeError: boom in the driver" in str(failed["exception"])  # the traceback inside one line
     embed = by_message[fault + "embed raised RuntimeError: embed broke in the driver"]
