@@ -76,11 +76,15 @@ class Verdict:
     distribution: str = ""
 
     @property
+    def shown(self) -> str:
+        """The revision as the messages show it: ``?`` when unknown."""
+        return "?" if self.revision is None else str(self.revision)
+
+    @property
     def summary(self) -> str:
         """``SPI 1 (none declared...) compat``: the ``backends`` column (a refusal with its reason)."""
-        revision = "?" if self.revision is None else self.revision
         reason = f": {self.reason}" if self.service is Service.REFUSED else ""
-        return f"SPI {revision} ({self.source}) {self.service.value}{reason}"
+        return f"SPI {self.shown} ({self.source}) {self.service.value}{reason}"
 
     def warnings(self) -> list[str]:
         """The load-time deprecation lines, one per adaptation, each naming the plugin."""
@@ -95,7 +99,7 @@ class Verdict:
         """The load-time error: the plugin, its distribution, both revisions and why."""
         return (
             f"backend {self.plugin!r} from distribution {self.distribution} targets backend SPI revision "
-            f"{self.revision} ({self.source}); this gateway implements revision {SPI_VERSION} and serves "
+            f"{self.shown} ({self.source}); this gateway implements revision {SPI_VERSION} and serves "
             f"{_served()}: {self.reason}"
         )
 
@@ -131,9 +135,8 @@ def distribution_of(driver: type[Backend[Any]]) -> tuple[str, str]:
     package = driver.__module__.partition(".")[0]
     if package in ("openengine_gateway", "openengine_backends"):
         return GATEWAY, __version__
-    for name in packages_distributions().get(package, ()):
-        return name, distribution(name).version
-    return "", ""
+    names = packages_distributions().get(package)
+    return (names[0], distribution(names[0]).version) if names else ("", "")
 
 
 def required_revisions(dist: str) -> tuple[str, list[int]] | None:
