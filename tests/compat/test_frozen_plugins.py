@@ -79,3 +79,19 @@ async def test_backends_shows_a_frozen_plugin_served_through_the_compatibility_l
     assert f"  SPI {revision} (from its requirement openengine-gateway" in lines[index]
     assert lines[index].endswith(") compat")
     assert "deprecated: its generate returns an async iterator of events" in lines[index + 1]
+
+
+@pytest.mark.parametrize("folder", FROZEN, ids=lambda path: path.name)
+async def test_each_deprecation_is_logged_once_however_many_engines_use_the_plugin(
+    folder: Path, tmp_path: Path
+) -> None:
+    name, dist = entry_point(folder)
+    if (name, dist) not in INSTALLED:
+        pytest.skip(f"{dist} is not installed (make test installs it: pip install --no-deps ./{folder.name})")
+    config = tmp_path / "plugins.toml"
+    config.write_text("".join(f'[[engines]]\nbackend = "{name}"\nserved_model_name = "{m}"\n\n' for m in "ab"))
+    async with gateway_process("--config", str(config), cwd=tmp_path) as gateway:
+        assert await gateway.stop() == 0
+        log = gateway.log.read_text().splitlines()
+    lines = [line.split(" WARNING ", 1)[1] for line in log if "targets SPI revision" in line]  # without the time
+    assert lines and len(lines) == len(set(lines))
