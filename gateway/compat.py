@@ -163,18 +163,24 @@ def assess(driver: type[Backend[Any]], plugin: str, dist: str, version: str = ""
     """Which revision ``driver`` (registered as ``plugin`` by ``dist``) targets and how it is served."""
     where = f"{dist} {version}".strip()
     declared = declared_revision(driver)
-    requirement = required_revisions(dist) if declared is None and dist != GATEWAY else None
-    if declared is not None:
+    requirement = required_revisions(dist) if dist != GATEWAY else None
+    pin, admitted = requirement if requirement is not None else ("", [])
+    if declared is not None and admitted and declared not in admitted and declared <= SPI_VERSION:
+        # ``spi_version = SPI_VERSION`` imported from the gateway inherits by accident: the older of the two is
+        # served, through the layer that takes either revision's shapes.
+        revision = min(declared, admitted[0])
+        source = f"declared spi_version = {declared}, but its requirement {pin} admits {admitted[0]}"
+    elif declared is not None:
         revision, source = declared, f"declared spi_version = {declared}"
     elif dist == GATEWAY:
         revision, source = SPI_VERSION, "in tree"
-    elif requirement is not None and requirement[1]:
-        revision, source = requirement[1][0], f"from its requirement {requirement[0]}"
-    elif requirement is not None:
+    elif admitted:
+        revision, source = admitted[0], f"from its requirement {pin}"
+    elif pin:
         known = ", ".join(f"{r}: {', '.join(v)}" for r, v in sorted(RELEASES.items()))
         return Verdict(
             None,
-            f"from its requirement {requirement[0]}",
+            f"from its requirement {pin}",
             Service.REFUSED,
             reason=f"the requirement admits no release this gateway knows (releases per revision: {known})",
             plugin=plugin,

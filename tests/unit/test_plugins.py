@@ -77,7 +77,7 @@ MODULES = {
     # As the guide of gateway 0.1 (SPI revision 1) taught: no spi_version, wire messages, an async generator.
     "v1.py": """
         from openengine_gateway import pb
-        from openengine_gateway.spi import Backend, EngineFacts, OutputFinished, UsageReport
+        from openengine_gateway.spi import SPI_VERSION, Backend, EngineFacts, OutputFinished, UsageReport
 
         class V1Backend(Backend):
             name = "v1"
@@ -106,6 +106,9 @@ MODULES = {
 
             def kv_event_sources(self):
                 return [pb.KvEventSource(topic="kv", data_parallel_rank=0)]
+
+        class Inherited(V1Backend):
+            spi_version = SPI_VERSION  # the installed gateway's: inherited by accident
     """,
 }
 
@@ -130,6 +133,7 @@ DISTRIBUTIONS = {
     "oe_plugins_v1-0.1.5": f"""
         [{GROUP}]
         v1 = {PACKAGE}.v1:V1Backend
+        inherited = {PACKAGE}.v1:Inherited
     """,
     "oe_plugins_far-9.0": f"""
         [{GROUP}]
@@ -274,17 +278,29 @@ async def test_a_revision_1_plugin_is_served_through_the_compatibility_layer(
     assert backend.kv_event_sources() == [KvEventSource(topic="kv", data_parallel_rank=0)]
 
 
-def test_the_revision_comes_from_the_plugin(plugins: Path) -> None:
+async def test_the_revision_comes_from_the_plugin(plugins: Path) -> None:
     drivers = {
         "v1": f"{PACKAGE}.v1:V1Backend",
+        "inherited": f"{PACKAGE}.v1:Inherited",
         "good": f"{PACKAGE}.good:GoodBackend",
         "mock": "openengine_backends.mock:MockBackend",
     }
-    dists = {"v1": "oe_plugins_v1", "good": "oe_plugins_main", "mock": "openengine-gateway"}
+    dists = {
+        "v1": "oe_plugins_v1",
+        "inherited": "oe_plugins_v1",
+        "good": "oe_plugins_main",
+        "mock": "openengine-gateway",
+    }
     verdicts = {
         name: compat.assess(pkgutil.resolve_name(target), name, dists[name]) for name, target in drivers.items()
     }
     assert verdicts["v1"].summary == "SPI 1 (from its requirement openengine-gateway<0.2,>=0.1) compat"
+    assert verdicts["inherited"].summary == (
+        f"SPI 1 (declared spi_version = {SPI_VERSION}, but its requirement openengine-gateway<0.2,>=0.1 admits 1) "
+        "compat"
+    )
+    inherited = load_backend("inherited")
+    assert isinstance(inherited(inherited.Settings()).generate(GenerationRequest("r", "m", prompt="x")), EventStream)
     assert verdicts["good"].summary == "SPI 1 (none declared: assumed the oldest served) compat"
     assert verdicts["mock"].summary == f"SPI {SPI_VERSION} (in tree) native"
 
