@@ -14,9 +14,10 @@ from typing import Literal, get_args
 from .. import __version__, pb
 from ..contract.kv_wire import kv_source_to_proto
 from ..engines import Engine, EngineSet
-from ..errors import InvalidArgument, RequestError
+from ..errors import InvalidArgument
+from ..spi.kv_events import KvEventSource
 from ..spi.results import Load
-from .driver_faults import escaped
+from .driver_faults import awaited, listed
 from .results import load_message
 
 GATEWAY_ENGINE_NAME = "openengine-gateway"
@@ -104,14 +105,16 @@ class DiscoveryService:
 
     async def engine_loads(self) -> list[pb.LoadInfo]:
         """Each engine's load as its driver reports it, in engine order."""
-        return [load_message(await _load(engine)) for engine in self._engines]
+        return [
+            load_message(await awaited(engine.faults, "load", engine.backend.load(), Load)) for engine in self._engines
+        ]
 
     def kv_event_sources(self, request: pb.GetKvEventSourcesRequest) -> pb.GetKvEventSourcesResponse:
         """Engine-native publishers, with routable hosts and endpoint ranks, filtered by rank."""
         wanted = set(request.data_parallel_ranks)
         response = pb.GetKvEventSourcesResponse()
         for engine in self._engines:
-            for source in engine.backend.kv_event_sources():
+            for source in listed(engine.faults, "kv_event_sources", engine.backend.kv_event_sources, KvEventSource):
                 rank = (
                     engine.ranks.to_endpoint(source.data_parallel_rank)
                     if source.data_parallel_rank is not None
@@ -203,19 +206,6 @@ def _shared_parallelism(engines: list[Engine]) -> pb.ParallelismInfo:
         if len(values) == 1 and None not in values:
             setattr(shared, name, values.pop())
     return shared
-
-
-async def _load(engine: Engine) -> Load:
-    """The driver's load snapshot; its mistake is a retryable UNAVAILABLE naming it, never INTERNAL."""
-    try:
-        snapshot = await engine.backend.load()
-    except RequestError:
-        raise
-    except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
-        raise engine.faults.unavailable(f"load raised {escaped(exc)}", exc) from None
-    if not isinstance(snapshot, Load):
-        raise engine.faults.unavailable(f"load returned {type(snapshot).__name__}, not an spi.Load")
-    return snapshot
 
 
 __all__ = ["GATEWAY_ENGINE_NAME", "DiscoveryService"]

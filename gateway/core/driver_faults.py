@@ -12,7 +12,10 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from .. import pb
 from ..errors import EngineFailure, RequestError, Unavailable
@@ -62,6 +65,42 @@ class DriverFaults:
         return self._latest[0]
 
 
+T = TypeVar("T")
+
+
+async def awaited(faults: DriverFaults, method: str, work: Awaitable[T], expected: type[T] | None = None) -> T:
+    """The driver's ``method`` call awaited: a refusal or failure of its own is raised as it is; anything else that
+    escapes it, or a result that is not ``expected``, is its mistake (UNAVAILABLE naming it)."""
+    try:
+        result = await work
+    except (RequestError, EngineFailure):
+        raise
+    except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
+        raise faults.unavailable(f"{method} raised {escaped(exc)}", exc) from None
+    if expected is not None and not isinstance(result, expected):
+        raise faults.unavailable(f"{method} returned {kind(result)}, not an spi.{expected.__name__}")
+    return result
+
+
+def listed(faults: DriverFaults, method: str, call: Callable[[], Any], expected: type[T]) -> list[T]:
+    """The driver's synchronous ``method`` that returns a list of ``expected`` values; its mistake is UNAVAILABLE."""
+    try:
+        values = list(call())
+    except (RequestError, EngineFailure):
+        raise
+    except Exception as exc:  # broad on purpose: whatever escapes the driver is the driver's mistake
+        raise faults.unavailable(f"{method} raised {escaped(exc)}", exc) from None
+    wrong = next((value for value in values if not isinstance(value, expected)), None)
+    if wrong is not None:
+        raise faults.unavailable(f"{method} returned a {kind(wrong)}, not an spi.{expected.__name__}")
+    return values
+
+
+def kind(value: object) -> str:
+    """What a driver returned, as a message names it: ``pb.LoadInfo`` for a wire message, else its type's name."""
+    return f"pb.{type(value).__name__}" if isinstance(value, Message) else type(value).__name__
+
+
 def escaped(exc: BaseException) -> str:
     """How an exception that escaped the driver is named in the message."""
     return f"{type(exc).__name__}: {exc}"
@@ -80,7 +119,7 @@ def open_stream(backend: Backend[Any], faults: DriverFaults, request: Generation
         return events
     if inspect.iscoroutine(events):
         events.close()  # never awaited: no warning
-    return _failed(faults.failure(f"generate returned {type(events).__name__}, not an EventStream"))
+    return _failed(faults.failure(f"generate returned {kind(events)}, not an EventStream"))
 
 
 def _failed(failure: EngineFailure) -> EventStream:
@@ -89,4 +128,4 @@ def _failed(failure: EngineFailure) -> EventStream:
     return stream
 
 
-__all__ = ["FAULT_HOLD_S", "RETRY_AFTER_MS", "DriverFaults", "escaped", "open_stream"]
+__all__ = ["FAULT_HOLD_S", "RETRY_AFTER_MS", "DriverFaults", "awaited", "escaped", "kind", "listed", "open_stream"]

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from .. import pb
 from ..engines import Engine
 from ..spi.results import HealthCheck
+from .driver_faults import kind
 
 _SEVERITY = {
     pb.HEALTH_STATE_READY: 0,
@@ -46,7 +47,7 @@ async def engine_checks(engine: Engine) -> list[HealthCheck]:
         wrong = next((check for check in checks if not isinstance(check, HealthCheck)), None)
         if wrong is None:
             return checks
-        message = engine.faults.record(f"check_health returned a {type(wrong).__name__}, not an spi.HealthCheck")
+        message = engine.faults.record(f"check_health returned a {kind(wrong)}, not an spi.HealthCheck")
     return [HealthCheck("engine", pb.HEALTH_STATE_NOT_READY, message)]
 
 

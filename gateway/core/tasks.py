@@ -27,7 +27,7 @@ from ..spi.results import Classification, Embedding, ScoreResult, TaskUsage
 from .aborts import abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
-from .driver_faults import escaped
+from .driver_faults import escaped, kind
 from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .results import classify_messages, embed_messages, score_messages
@@ -114,8 +114,8 @@ class TaskService:
             engine, "score", lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score)
         )
 
-    async def _run(self, engine: Engine, context: TaskContext, kind: str, start: Callable[[], Awaitable[T]]) -> T:
-        """Admit, run the driver's ``kind`` call abortably, check its result's types, and turn any failure
+    async def _run(self, engine: Engine, context: TaskContext, method: str, start: Callable[[], Awaitable[T]]) -> T:
+        """Admit, run the driver's ``method`` call abortably, check its result's types, and turn any failure
         into a status: the driver's mistakes a retryable UNAVAILABLE naming it (``core.driver_faults``)."""
         work = _started(start)
         try:
@@ -132,7 +132,7 @@ class TaskService:
         active.on_failure = lambda _failure: task.cancel()
         finished = failed = rejected = False
         try:
-            result = _checked(kind, await task)
+            result = _checked(method, await task)
             finished = True
             return result
         except asyncio.CancelledError:
@@ -149,8 +149,8 @@ class TaskService:
             rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
             if not isinstance(exc, RequestError | EngineFailure):
                 if isinstance(exc, _WrongResult):
-                    raise engine.faults.unavailable(f"{kind} {exc}") from None
-                raise engine.faults.unavailable(f"{kind} raised {escaped(exc)}", exc) from None
+                    raise engine.faults.unavailable(f"{method} {exc}") from None
+                raise engine.faults.unavailable(f"{method} raised {escaped(exc)}", exc) from None
             error = as_status_error(exc)
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
@@ -193,28 +193,28 @@ async def _raise(exc: Exception) -> Any:
     raise exc
 
 
-def _checked(kind: str, result: T) -> T:
-    """``result`` when it is ``kind``'s (values, ``TaskUsage``) pair of SPI values; else ``_WrongResult``."""
-    value_type, per_item = _RESULTS[kind]
+def _checked(method: str, result: T) -> T:
+    """``result`` when it is ``method``'s (values, ``TaskUsage``) pair of SPI values; else ``_WrongResult``."""
+    value_type, per_item = _RESULTS[method]
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise _WrongResult(f"returned a {type(result).__name__}, not a (result, spi.TaskUsage) pair")
+        raise _WrongResult(f"returned a {kind(result)}, not a (result, spi.TaskUsage) pair")
     values, usage = result
     if not isinstance(usage, TaskUsage):
-        raise _WrongResult(f"returned a {type(usage).__name__} as its usage, not an spi.TaskUsage")
+        raise _WrongResult(f"returned a {kind(usage)} as its usage, not an spi.TaskUsage")
     if per_item and (isinstance(values, str | bytes) or not isinstance(values, Sequence)):
-        raise _WrongResult(f"returned a {type(values).__name__}, not a sequence of spi.{value_type.__name__}")
+        raise _WrongResult(f"returned a {kind(values)}, not a sequence of spi.{value_type.__name__}")
     for value in values if per_item else (values,):
         if not isinstance(value, value_type):
-            raise _WrongResult(f"returned a {type(value).__name__}, not an spi.{value_type.__name__}")
+            raise _WrongResult(f"returned a {kind(value)}, not an spi.{value_type.__name__}")
     return result
 
 
-def _assembled(engine: Engine, kind: str, assemble: Callable[[], T]) -> T:
+def _assembled(engine: Engine, method: str, assemble: Callable[[], T]) -> T:
     """The checked response; a contract violation by the driver is its mistake (UNAVAILABLE naming it)."""
     try:
         return assemble()
     except ContractViolation as violation:
-        raise engine.faults.unavailable(f"{kind} returned a malformed result: {violation}") from None
+        raise engine.faults.unavailable(f"{method} returned a malformed result: {violation}") from None
 
 
 def _close(work: Awaitable[object]) -> None:

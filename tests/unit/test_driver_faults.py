@@ -15,7 +15,16 @@ from openengine_backends.mock import MockBackend
 from openengine_gateway import pb
 from openengine_gateway.client import text_request
 from openengine_gateway.server.metrics import MetricsExporter
-from openengine_gateway.spi import EmbedCall, Embedding, EventStream, GenerationRequest, Load, TaskUsage, UsageReport
+from openengine_gateway.spi import (
+    EmbedCall,
+    Embedding,
+    EventStream,
+    GenerationRequest,
+    KvEventSource,
+    Load,
+    TaskUsage,
+    UsageReport,
+)
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 
@@ -43,6 +52,9 @@ class Sloppy(MockBackend):
 
     async def embed(self, call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         raise AttributeError("'NoneType' object has no attribute 'pooler'")
+
+    def kv_event_sources(self) -> list[KvEventSource]:
+        return [pb.KvEventSource(topic="kv")]  # type: ignore[list-item]
 
 
 async def generate(running: RunningGateway, prompt: str) -> list[pb.GenerateResponse]:
@@ -78,7 +90,9 @@ async def test_a_unary_call_the_driver_gets_wrong_is_unavailable_naming_it() -> 
         with pytest.raises(grpc.aio.AioRpcError) as load:
             await running.stub.GetLoad(pb.GetLoadRequest())
         assert load.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert load.value.details() == "backend 'sloppy' broke the backend SPI: load returned LoadInfo, not an spi.Load"
+        assert (
+            load.value.details() == "backend 'sloppy' broke the backend SPI: load returned pb.LoadInfo, not an spi.Load"
+        )
         request = pb.EmbedRequest(
             context=pb.TaskRequestContext(request_id="e", model="m"), inputs=[pb.TaskInput(item_id="a", text="x")]
         )
@@ -89,4 +103,10 @@ async def test_a_unary_call_the_driver_gets_wrong_is_unavailable_naming_it() -> 
             "backend 'sloppy' broke the backend SPI: embed raised AttributeError: "
             "'NoneType' object has no attribute 'pooler'"
         )
-        assert running.gateway.engines.engine("m").faults.count == 2
+        with pytest.raises(grpc.aio.AioRpcError) as sources:
+            await running.stub.GetKvEventSources(pb.GetKvEventSourcesRequest())
+        assert sources.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "kv_event_sources returned a pb.KvEventSource, not an spi.KvEventSource" in (
+            sources.value.details() or ""
+        )
+        assert running.gateway.engines.engine("m").faults.count == 3
