@@ -59,3 +59,7 @@ def test_the_guide_lists_the_releases_of_every_revision() -> None:
     guide = (ROOT / "docs" / "writing-a-backend.md").read_text()
     for revision, releases in compat.RELEASES.items():
         assert re.search(rf"^\| {revision} \| {re.escape(', '.join(releases))} \|", guide, re.MULTILINE)
+
+
+def test_the_changelog_has_an_entry_for_the_current_revision() -> None:
+    assert re.search(rf"^## [0-9.]+: SPI revision {SPI_VERSION}$", CHANGELOG, re.MULTILINE)
