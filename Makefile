@@ -54,7 +54,17 @@ $(VENV)/.example-installed: $(VENV)/.installed $(wildcard $(EXAMPLE)/pyproject.t
 	$(BIN)/pip install -q ./$(EXAMPLE)
 	touch $@
 
-test: install $(VENV)/.example-installed $(SGLANG_VENV)/.installed
+# The compatibility suite (tests/compat): one frozen plugin per earlier backend SPI revision, installed beside
+# today's gateway as a user's old plugin is; tests/compat/test_frozen_plugins.py serves each with the real command
+# and runs the whole conformance kit against it. --no-deps: each pins the gateway releases of its own revision,
+# older than this checkout, which is exactly the situation the compatibility layer serves.
+FROZEN := $(wildcard tests/compat/spi*-*)
+
+$(VENV)/.frozen-installed: $(VENV)/.installed $(wildcard $(addsuffix /pyproject.toml,$(FROZEN)) $(addsuffix /src/*/*.py,$(FROZEN)))
+	$(BIN)/pip install -q --no-deps $(addprefix ./,$(FROZEN))
+	touch $@
+
+test: install $(VENV)/.example-installed $(VENV)/.frozen-installed $(SGLANG_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MYPY)

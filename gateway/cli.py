@@ -50,7 +50,7 @@ from .config import (
 from .core.gateway import Gateway, GatewayOptions
 from .errors import ConfigurationError, EngineStartError, SetupError
 from .launch import start_engines
-from .plugins import installed_backends, missing_packages
+from .plugins import installed_backends, missing_packages, verdict
 from .reload import HangupReload, RouteReloader
 from .server.app import GatewayServer, ServerOptions, reserved, serving_line
 from .server.auth import TokenAuth
@@ -394,13 +394,26 @@ def _backends_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="openengine-gateway backends",
         description="List the installed backends (entry points in openengine.backends) with their distribution, "
-        "version and target, and for one whose engine is not installed here, what installs it. Nothing is imported.",
-        epilog="Exit status: 0, or 1 when no backend is installed.",
+        "version and target; the backend SPI revision each targets and whether it is served natively, through the "
+        "compatibility layer (with its deprecations) or refused, and why; and for one whose engine is not installed "
+        "here, what installs it. Third-party plugins are imported to read the revision they declare; the in-tree "
+        "drivers and their engines are not.",
+        epilog="Exit status: 0, or 1 when no backend is installed or the output was closed early.",
     )
 
 
 def list_backends() -> int:
-    """Print installed backends with their distributions and versions, and why one cannot start here."""
+    """Print installed backends with their distributions, versions and SPI revisions, and why one cannot start
+    here; a reader that stops early (``| head -1``) ends the listing quietly."""
+    try:
+        return _print_backends()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _print_backends() -> int:
     backends = installed_backends()
     if not backends:
         print("no backends installed")
@@ -409,7 +422,14 @@ def list_backends() -> int:
     for backend in backends:
         missing = missing_packages(backend)
         status = f"  cannot start here: needs {', '.join(missing)}; {backend.install_hint}" if missing else ""
-        print(f"{backend.name:<{width}}  {backend.distribution} {backend.version}  ({backend.target}){status}")
+        served = verdict(backend)
+        print(
+            f"{backend.name:<{width}}  {backend.distribution} {backend.version}  ({backend.target})  "
+            f"{served.summary}{status}",
+            flush=True,
+        )
+        for deprecation in served.deprecations:
+            print(f"{'':<{width}}    deprecated: {deprecation}", flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from . import pb
 from .config import MirrorSection, SplitSection
 from .contract.capabilities import check_model_info
 from .contract.ranks import RankSpan, shared_spans
+from .core.driver_faults import DriverFaults
 from .errors import ConfigurationError, InvalidArgument, NotFound, clip
 from .routes import Route, RouteTable
 from .spi.backend import Backend, EngineFacts
@@ -52,8 +53,11 @@ class Engine:
     ranks: RankSpan = field(init=False)
     """The engine's place in the endpoint's data-parallel rank space (set by ``EngineSet``)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    faults: DriverFaults = field(init=False)
+    """The driver's mistakes at request time (``core.driver_faults``)."""
 
     def __post_init__(self) -> None:
+        self.faults = DriverFaults(self.backend.name or type(self.backend).__name__)
         check_model_info(self.facts.model)
         info = pb.ModelInfo()
         info.CopyFrom(self.facts.model)

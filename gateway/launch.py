@@ -42,12 +42,15 @@ def plan_engines(
     _check_backend_tables(config)
     planned: list[_Planned] = []
     names: dict[str, str] = {}  # name -> the engine serving it
+    drivers: dict[str, type[Backend[Any]]] = {}  # each backend loaded once: its deprecations are logged once
     for position, section in enumerate(sections):
         label = f"--backend {section.backend}" if command_line else f"engines[{position}] ({section.backend})"
-        try:
-            driver = load_backend(section.backend, config.plugins.allow)
-        except PluginError as exc:
-            raise PluginError(f"{label}: {exc}") from None
+        if section.backend not in drivers:
+            try:
+                drivers[section.backend] = load_backend(section.backend, config.plugins.allow)
+            except PluginError as exc:
+                raise PluginError(f"{label}: {exc}") from None
+        driver = drivers[section.backend]
         # The file's relative paths are the file's: a path-typed option too (command-line values stay as given).
         defaults = anchor_typed_paths(driver.Settings, config.backends.get(section.backend, {}), config.directory)
         options = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import pkgutil
 import re
 import traceback
 from collections.abc import Collection
@@ -22,9 +23,12 @@ from typing import Any
 from stevedore import DriverManager
 from stevedore.exception import MultipleMatches, NoMatches
 
+from . import compat
 from .config import did_you_mean
 from .errors import PluginError
-from .spi.backend import SPI_VERSION, Backend
+from .spi.backend import Backend
+
+log = logging.getLogger(__name__)
 
 GROUP = "openengine.backends"
 """The entry-point group a backend plugin registers in."""
@@ -138,12 +142,42 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     driver = manager.driver
     if not (isinstance(driver, type) and issubclass(driver, Backend)):
         raise PluginError(f"backend {name!r} ({candidates[0].target}) is not a openengine_gateway.spi.Backend subclass")
-    if driver.spi_version != SPI_VERSION:
-        raise PluginError(
-            f"backend {name!r} from {candidates[0].distribution} {candidates[0].version} implements backend SPI "
-            f"version {driver.spi_version}; this gateway implements version {SPI_VERSION}"
-        )
-    return driver
+    return served(driver, compat.assess(driver, name, candidates[0].distribution, candidates[0].version))
 
 
-__all__ = ["GROUP", "InstalledBackend", "installed_backends", "load_backend", "missing_packages"]
+def served(driver: type[Backend[Any]], verdict: compat.Verdict) -> type[Backend[Any]]:
+    """The class to serve ``driver`` with, by its ``verdict``: each deprecation logged once; a refusal raised."""
+    if verdict.service is compat.Service.REFUSED:
+        raise PluginError(verdict.refusal())
+    for line in verdict.warnings():
+        log.warning("%s", line)
+    return compat.serve(driver, verdict)
+
+
+def verdict(backend: InstalledBackend) -> compat.Verdict:
+    """How ``backend`` would be served: its SPI revision and native, compat or refused (``compat.assess``).
+
+    A third-party driver is imported to read its declaration; an in-tree one is not (its engine may take
+    seconds to import, and it moves with the gateway).
+    """
+    if backend.distribution == compat.GATEWAY:
+        return compat.in_tree(backend.name)
+    where = f"{backend.distribution} {backend.version}"
+    try:
+        driver = pkgutil.resolve_name(backend.target)
+    except Exception as exc:  # broad on purpose: a plugin's import can raise anything; the listing goes on
+        return compat.unloadable(backend.name, where, f"it fails to import: {type(exc).__name__}: {exc}")
+    if not (isinstance(driver, type) and issubclass(driver, Backend)):
+        return compat.unloadable(backend.name, where, "it is not an openengine_gateway.spi.Backend subclass")
+    return compat.assess(driver, backend.name, backend.distribution, backend.version)
+
+
+__all__ = [
+    "GROUP",
+    "InstalledBackend",
+    "installed_backends",
+    "load_backend",
+    "missing_packages",
+    "served",
+    "verdict",
+]

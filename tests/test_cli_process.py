@@ -72,6 +72,40 @@ def run_command(*args: str, cwd: Path, timeout_s: float = 60.0) -> subprocess.Co
     return subprocess.run([*command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+def test_backends_into_a_pipe_its_reader_closed_ends_quietly(tmp_path: Path) -> None:
+    """``openengine-gateway backends | head -1``: the reader has gone before the listing is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [*command(), "backends"], cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (1, "")  # no BrokenPipeError traceback
+
+
+def test_a_plugin_for_a_newer_spi_revision_is_refused_at_load_time(tmp_path: Path) -> None:
+    """Exit 2, naming the plugin, its distribution and both revisions, before any engine starts."""
+    (tmp_path / "oe_newer.py").write_text(
+        "from openengine_backends.mock import MockBackend\n\n\nclass Newer(MockBackend):\n    spi_version = 99\n"
+    )
+    info = tmp_path / "oe_newer-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: oe-newer\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[openengine.backends]\nnewer = oe_newer:Newer\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENENGINE_GATEWAY_CONFIG"} | {"PYTHONPATH": str(tmp_path)}
+    args = [*command(), "--backend", "newer", "--port", "0"]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert (
+        "openengine-gateway: error: --backend newer: backend 'newer' from distribution oe-newer 1.0 targets backend "
+        "SPI revision 99 "
+        "(declared spi_version = 99); this gateway implements revision 2"
+    ) in result.stderr
+    assert "starting newer engine" not in result.stderr
+
+
 def test_a_port_in_use_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))

@@ -49,11 +49,11 @@ from openengine_gateway.spi import (
     ScoreCall,
     ScoreResult,
     TaskUsage,
+    wire,
 )
 
-from . import mapping, responses, results
+from . import mapping, responses
 from .events import KvCursor, publishes, relay_kv, relay_runtime
-from .kv_values import kv_source
 from .settings import RemoteSettings
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class RemoteBackend(Backend[RemoteSettings]):
     async def _event_sources(self, client: OpenEngineClient) -> list[KvEventSource]:
         try:
             listed = await client.kv_event_sources(timeout_s=self.settings.call_timeout_s)
-            return [kv_source(source) for source in listed]
+            return [wire.kv_source(source) for source in listed]
         except StatusError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 log.warning("the remote did not list its KV event sources: %s", exc)
@@ -337,19 +337,19 @@ class RemoteBackend(Backend[RemoteSettings]):
         """The remote's embeddings."""
         message = mapping.embed_request(call, self.remote_model)
         response: pb.EmbedResponse = await self._unary(self.client.embed, message)
-        return results.embeddings(response.outputs), results.usage(response.usage)
+        return wire.embeddings(response.outputs), wire.usage(response.usage)
 
     async def classify(self, call: ClassifyCall) -> tuple[list[Classification], TaskUsage]:
         """The remote's class scores."""
         message = mapping.classify_request(call, self.remote_model)
         response: pb.ClassifyResponse = await self._unary(self.client.classify, message)
-        return results.classifications(response.outputs), results.usage(response.usage)
+        return wire.classifications(response.outputs), wire.usage(response.usage)
 
     async def score(self, call: ScoreCall) -> tuple[ScoreResult, TaskUsage]:
         """The remote's scores."""
         message = mapping.score_request(call, self.remote_model)
         response: pb.ScoreResponse = await self._unary(self.client.score, message)
-        return results.score_result(response), results.usage(response.usage)
+        return wire.score_result(response), wire.usage(response.usage)
 
     async def load_lora(self, adapter: LoraAdapter) -> None:
         """Load the adapter on the remote (its path must be visible there)."""
@@ -365,7 +365,7 @@ class RemoteBackend(Backend[RemoteSettings]):
     async def load(self) -> Load:
         """The remote's load; all unknown while it cannot be asked."""
         try:
-            return results.load(await self.client.load(per_rank=True, timeout_s=self.settings.call_timeout_s))
+            return wire.load(await self.client.load(per_rank=True, timeout_s=self.settings.call_timeout_s))
         except (ClientError, Unavailable) as exc:
             log.warning("the remote's load is unknown: %s", exc)
             return Load()
@@ -378,7 +378,7 @@ class RemoteBackend(Backend[RemoteSettings]):
         except (ClientError, Unavailable) as exc:
             return [HealthCheck("remote", pb.HEALTH_STATE_NOT_READY, f"{target}: {exc}")]
         state = pb.HealthState.Name(health.state).removeprefix("HEALTH_STATE_")
-        own = results.health_checks([check for check in health.checks if check.name != "grpc"])
+        own = wire.health_checks([check for check in health.checks if check.name != "grpc"])
         return [HealthCheck("remote", health.state, f"{target} is {state}"), *own]
 
     async def inference_probe(self) -> str:

@@ -20,8 +20,7 @@ from openengine_gateway import pb
 from openengine_gateway.client import OpenEngineClient, StatusError
 from openengine_gateway.errors import EngineFailure
 from openengine_gateway.spi import KvEventBatch
-
-from .kv_values import kv_batch
+from openengine_gateway.spi.wire import kv_batch
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,7 @@ from openengine_gateway.errors import (
 )
 from openengine_gateway.spi import (
     Candidate,
-    Endpoint,
     GenerationEvent,
-    KvSession,
     OutputFinished,
     PrefillDone,
     PromptTokens,
@@ -32,6 +30,7 @@ from openengine_gateway.spi import (
     TokenRecord,
     UsageReport,
 )
+from openengine_gateway.spi.wire import kv_session
 
 
 def token_record(info: pb.TokenInfo) -> TokenRecord:
@@ -61,17 +60,6 @@ def stop_match(match: pb.StopMatch) -> StopMatch | None:
     if kind == "eos_token_id":
         return StopMatch.eos(match.eos_token_id)
     return None
-
-
-def kv_session(ref: pb.KvSessionRef) -> KvSession:
-    """The SPI value of the remote's ``KvSessionRef`` (attributes keep their JSON types)."""
-    return KvSession(
-        session_id=ref.session_id,
-        transfer_backend=ref.transfer_backend,
-        endpoints=tuple(Endpoint(e.host, e.port, e.protocol) for e in ref.endpoints),
-        dp_rank=ref.dp_rank,
-        attributes=MessageToDict(ref.attributes_struct) if ref.HasField("attributes_struct") else {},
-    )
 
 
 def engine_failure(error: pb.EngineError) -> EngineFailure:
@@ -139,7 +127,6 @@ def stream_failure(status: str, details: str) -> EngineFailure:
 __all__ = [
     "engine_failure",
     "generation_events",
-    "kv_session",
     "rejection",
     "stop_match",
     "stream_failure",

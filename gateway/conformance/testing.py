@@ -6,8 +6,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .. import compat
 from ..client import Layout, OpenEngineClient
+from ..compat import distribution_of
 from ..core.gateway import GatewayOptions
+from ..plugins import served
 from ..spi.backend import Backend
 from ..testing import serve_backends
 from .kit import Outcome, Result, Target
@@ -22,7 +25,14 @@ async def in_process_target(
     timeout_s: float = 60.0,
     layout: Layout = "seed",
 ) -> AsyncIterator[Target]:
-    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it, speaking ``layout``."""
+    """Serve ``backend`` as ``model`` on a free loopback port and open a ``Target`` on it, speaking ``layout``.
+
+    The driver's SPI revision is checked as the ``openengine-gateway`` command checks it: one it
+    refuses raises its ``PluginError``, and one of an older revision is served through the same
+    compatibility layer (the instance takes the adapter as its class).
+    """
+    driver = type(backend)
+    backend.__class__ = served(driver, compat.assess(driver, backend.name or driver.__name__, *distribution_of(driver)))
     async with (
         serve_backends([(model, backend)], options=options) as running,
         target_at(running.address, model, timeout_s=timeout_s, layout=layout) as target,

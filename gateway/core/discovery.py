@@ -15,6 +15,9 @@ from .. import __version__, pb
 from ..contract.kv_wire import kv_source_to_proto
 from ..engines import Engine, EngineSet
 from ..errors import InvalidArgument
+from ..spi.kv_events import KvEventSource
+from ..spi.results import Load
+from .driver_faults import awaited, listed
 from .results import load_message
 
 GATEWAY_ENGINE_NAME = "openengine-gateway"
@@ -102,14 +105,16 @@ class DiscoveryService:
 
     async def engine_loads(self) -> list[pb.LoadInfo]:
         """Each engine's load as its driver reports it, in engine order."""
-        return [load_message(await engine.backend.load()) for engine in self._engines]
+        return [
+            load_message(await awaited(engine.faults, "load", engine.backend.load(), Load)) for engine in self._engines
+        ]
 
     def kv_event_sources(self, request: pb.GetKvEventSourcesRequest) -> pb.GetKvEventSourcesResponse:
         """Engine-native publishers, with routable hosts and endpoint ranks, filtered by rank."""
         wanted = set(request.data_parallel_ranks)
         response = pb.GetKvEventSourcesResponse()
         for engine in self._engines:
-            for source in engine.backend.kv_event_sources():
+            for source in listed(engine.faults, "kv_event_sources", engine.backend.kv_event_sources, KvEventSource):
                 rank = (
                     engine.ranks.to_endpoint(source.data_parallel_rank)
                     if source.data_parallel_rank is not None

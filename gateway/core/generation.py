@@ -31,6 +31,7 @@ from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
+from .driver_faults import DriverFaults, escaped, open_stream
 from .lora import LoraRegistry
 from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
@@ -118,7 +119,7 @@ class GenerationService:
             if route.mirror is not None and self._mirroring is not None:
                 copy = self._mirroring.copy(route, engine, request)
             clock = self._telemetry.clock() if self._telemetry is not None else None
-            async for message in _encode(events, encoder, active, clock, copy.primary if copy else None):
+            async for message in _encode(events, encoder, active, engine.faults, clock, copy.primary if copy else None):
                 end.final = message
                 active.ended = encoder.done  # from its final message on, an Abort finds it finished
                 yield message
@@ -136,7 +137,7 @@ class GenerationService:
         self, engine: Engine, parsed: GenerationRequest, active: ActiveRequest
     ) -> tuple[EventStream, GenerateEncoder]:
         """Start the driver's stream and wire the request's abort and failure paths to it."""
-        events = engine.backend.generate(parsed)
+        events = open_stream(engine.backend, engine.faults, parsed)
         active.stop = lambda _reason: self._stop(engine, active, events)
         active.on_failure = events.fail
         prefill = engine.role == pb.ENGINE_ROLE_PREFILL
@@ -214,38 +215,47 @@ async def _encode(
     events: EventStream,
     encoder: GenerateEncoder,
     active: ActiveRequest,
+    faults: DriverFaults,
     clock: StreamClock | None = None,
     tap: SideRecorder | None = None,
 ) -> AsyncIterator[pb.GenerateResponse]:
     """Encode events until the terminal response; synthesize it when the stream ends early. ``tap``
-    records a mirrored request's events for its comparison."""
+    records a mirrored request's events for its comparison. What the driver's stream raises and the
+    events that break the stream contract are the driver's mistakes (``faults``); an exception of the
+    encoder's own is the gateway's, INTERNAL."""
     sent = False
-    try:
-        async for event in events:
-            if tap is not None:
-                tap.record(event)
+    stream = aiter(events)
+    while True:
+        try:
+            event = await anext(stream)
+        except StopAsyncIteration:
+            break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # broad on purpose: any driver failure must become one EngineError
+            if isinstance(exc, RequestError) and not sent:
+                raise  # nothing was sent: the driver refused the request before acceptance
+            if not encoder.done:
+                yield encoder.error(_driver_failure(exc, faults))
+            return
+        if tap is not None:
+            tap.record(event)
+        try:
             message = encoder.encode(event)
-            if message is not None:
-                sent = True
-                if clock is not None and type(event) is TokenDelta:
-                    clock.token()
-                yield message
-                if encoder.done:
-                    return
-    except ContractViolation as violation:
-        log.error("driver broke the stream contract for %s: %s", encoder.request_id, violation)
-        yield encoder.error(internal_failure(violation))
-        return
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # broad on purpose: any driver failure must become one EngineError
-        if isinstance(exc, RequestError) and not sent:
-            raise  # nothing was sent: the driver refused the request before acceptance
-        if not isinstance(exc, EngineFailure):
+        except ContractViolation as violation:
+            yield encoder.error(faults.failure(f"its events broke the stream contract: {violation}"))
+            return
+        except Exception as exc:  # broad on purpose: the gateway's own bug still ends the stream once
             log.exception("generation %s failed", encoder.request_id)
-        if not encoder.done:
-            yield encoder.error(as_failure(exc))
-        return
+            yield encoder.error(internal_failure(exc))
+            return
+        if message is not None:
+            sent = True
+            if clock is not None and type(event) is TokenDelta:
+                clock.token()
+            yield message
+            if encoder.done:
+                return
     if encoder.done:
         return
     if events.cancelled:
@@ -253,9 +263,15 @@ async def _encode(
             yield message
         return
     open_outputs = encoder.unfinished_outputs
-    yield encoder.error(
-        EngineFailure(pb.ERROR_CODE_INTERNAL, f"the engine ended the stream before finishing outputs {open_outputs}")
-    )
+    yield encoder.error(faults.failure(f"its stream ended before finishing outputs {open_outputs}"))
+
+
+def _driver_failure(exc: Exception, faults: DriverFaults) -> EngineFailure:
+    """The terminal failure for what a driver's stream raised: its own failures and late refusals keep
+    their meaning; anything else escaped the driver."""
+    if isinstance(exc, EngineFailure | RequestError):
+        return as_failure(exc)
+    return faults.failure(f"its event stream raised {escaped(exc)}", exc)
 
 
 __all__ = ["REPORTED_ABORT_GRACE_S", "GenerationService"]

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from .. import pb
 from ..engines import Engine
 from ..spi.results import HealthCheck
+from .driver_faults import kind
 
 _SEVERITY = {
     pb.HEALTH_STATE_READY: 0,
@@ -37,11 +38,16 @@ async def engine_checks(engine: Engine) -> list[HealthCheck]:
     """
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
-            return list(await engine.backend.check_health())
+            checks = list(await engine.backend.check_health())
     except TimeoutError:
         message = f"health check took longer than {CHECK_TIMEOUT_S:g}s"
     except Exception as exc:  # broad on purpose: a check that raises reports a broken engine
         message = f"health check failed: {type(exc).__name__}: {exc}"
+    else:
+        wrong = next((check for check in checks if not isinstance(check, HealthCheck)), None)
+        if wrong is None:
+            return checks
+        message = engine.faults.record(f"check_health returned a {kind(wrong)}, not an spi.HealthCheck")
     return [HealthCheck("engine", pb.HEALTH_STATE_NOT_READY, message)]
 
 

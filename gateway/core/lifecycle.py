@@ -15,6 +15,7 @@ from ..spi.events import OutputFinished, PrefillDone
 from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping, TaskContext, TaskItem
 from .audit import audit
 from .callers import current_caller
+from .driver_faults import open_stream
 from .health import engine_checks, worst
 from .registry import RequestRegistry
 from .results import health_message
@@ -72,6 +73,10 @@ class LifecycleService:
         # Side by side: a Health answers within one check's timeout however many engines hang.
         for engine, reported in zip(selected, await asyncio.gather(*map(engine_checks, selected)), strict=True):
             checks.extend(health_message(check, self._prefix(engine)) for check in reported)
+            fault = engine.faults.latest
+            if fault is not None:  # a driver's recent mistake at request time (core.driver_faults)
+                message = self._prefix(engine) + fault
+                checks.append(pb.HealthCheck(name="driver", state=pb.HEALTH_STATE_NOT_READY, message=message))
         if probe:  # the named model's engines (every engine of a split), else the first engine
             probed = selected if request.model else selected[:1]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
@@ -126,7 +131,7 @@ class LifecycleService:
             prompt_token_ids=None if text_ok else [0],
             stopping=Stopping(max_tokens=1),
         )
-        events = engine.backend.generate(request)
+        events = open_stream(engine.backend, engine.faults, request)
         done = False
         try:
             async for event in events:

@@ -28,6 +28,7 @@ from ..engines import Engine, EngineSet
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, clip
 from ..spi.requests import LoraAdapter
 from .audit import audit
+from .driver_faults import awaited
 
 
 class LoraRegistry:
@@ -140,7 +141,7 @@ class LoraService:
                 raise
             if not already:
                 for engine in engines:
-                    await engine.backend.load_lora(adapter)
+                    await awaited(engine.faults, "load_lora", engine.backend.load_lora(adapter))
                 self._registry.add(adapter)
         return pb.LoadLoraResponse(adapter=adapter_to_proto(adapter), already_loaded=already)
 
@@ -154,7 +155,7 @@ class LoraService:
         async with self._lock:
             adapter = self._registry.get(request.lora_name)
             for engine in engines:
-                await engine.backend.unload_lora(adapter)
+                await awaited(engine.faults, "unload_lora", engine.backend.unload_lora(adapter))
             self._registry.remove(adapter.lora_name)
         return pb.UnloadLoraResponse(adapter=adapter_to_proto(adapter))
 

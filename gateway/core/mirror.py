@@ -30,6 +30,7 @@ from ..spi.events import EventStream, GenerationEvent, OutputFinished, TokenDelt
 from ..spi.requests import GenerationRequest
 from .agreement import Agreement, Side
 from .background import BackgroundTasks
+from .driver_faults import open_stream
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class ShadowCopy:
         recorder = SideRecorder(request.sampling.num_sequences)
         events: EventStream | None = None
         try:
-            events = engine.backend.generate(request)
+            events = open_stream(engine.backend, engine.faults, request)
             async for event in events:
                 recorder.record(event)
         except asyncio.CancelledError:

@@ -9,9 +9,10 @@ is returned. Unary calls have no error event: every failure is a non-OK status.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from .. import pb
 from ..contract import tasks as rules
@@ -19,12 +20,14 @@ from ..contract.bounds import DEFAULT_BOUNDS, FieldBounds, check_task_fields
 from ..contract.limits import RequestLimits, check_task_count, check_task_inputs, score_inputs
 from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
-from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error, clip
+from ..errors import Cancelled, EngineFailure, Internal, RequestError, Unavailable, as_status_error, clip
 from ..logs import bind_request_id
 from ..spi.requests import TaskContext
+from ..spi.results import Classification, Embedding, ScoreResult, TaskUsage
 from .aborts import abort_then_release
 from .background import BackgroundTasks
 from .callers import current_caller
+from .driver_faults import escaped, kind
 from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .results import classify_messages, embed_messages, score_messages
@@ -33,7 +36,6 @@ from .telemetry import Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-U = TypeVar("U")
 C = TypeVar("C")
 
 
@@ -88,23 +90,34 @@ class TaskService:
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.embed(call), embed_messages)
-        return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
+        answer = await self._run(engine, call.context, "embed", lambda: engine.backend.embed(call))
+        outputs, usage = embed_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
+        return _assembled(
+            engine, "embed", lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed)
+        )
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.classify(call), classify_messages)
-        return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
+        answer = await self._run(engine, call.context, "classify", lambda: engine.backend.classify(call))
+        outputs, usage = classify_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
+        return _assembled(
+            engine, "classify", lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify)
+        )
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
         engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
-        result, usage = await self._run(engine, call.context, engine.backend.score(call), score_messages)
-        return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
+        answer = await self._run(engine, call.context, "score", lambda: engine.backend.score(call))
+        result, usage = score_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
+        return _assembled(
+            engine, "score", lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score)
+        )
 
-    async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T], encode: Callable[[T], U]) -> U:
-        """Admit, run abortably, encode the driver's result, and turn any failure into a status."""
+    async def _run(self, engine: Engine, context: TaskContext, method: str, start: Callable[[], Awaitable[T]]) -> T:
+        """Admit, run the driver's ``method`` call abortably, check its result's types, and turn any failure
+        into a status: the driver's mistakes a retryable UNAVAILABLE naming it (``core.driver_faults``)."""
+        work = _started(start)
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
@@ -119,7 +132,7 @@ class TaskService:
         active.on_failure = lambda _failure: task.cancel()
         finished = failed = rejected = False
         try:
-            result = encode(await task)
+            result = _checked(method, await task)
             finished = True
             return result
         except asyncio.CancelledError:
@@ -134,6 +147,10 @@ class TaskService:
         except Exception as exc:  # broad on purpose: unary failures must become a status
             failed = True
             rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
+            if not isinstance(exc, RequestError | EngineFailure):
+                if isinstance(exc, _WrongResult):
+                    raise engine.faults.unavailable(f"{method} {exc}") from None
+                raise engine.faults.unavailable(f"{method} raised {escaped(exc)}", exc) from None
             error = as_status_error(exc)
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
@@ -149,13 +166,55 @@ class TaskService:
                 self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
 
 
-def _assembled(assemble: Callable[[], T]) -> T:
-    """The checked response; a contract violation by the driver is an INTERNAL status."""
+class _WrongResult(Exception):
+    """A driver's task result of the wrong type (says what it returned)."""
+
+
+_RESULTS: dict[str, tuple[type[object], bool]] = {
+    "embed": (Embedding, True),
+    "classify": (Classification, True),
+    "score": (ScoreResult, False),
+}
+"""What each task call returns with its ``TaskUsage``: the value type, and whether one per item."""
+
+
+def _started(start: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+    """The driver's call; what it raises, or returns that cannot be awaited, surfaces when awaited."""
+    try:
+        work = start()
+    except Exception as exc:  # broad on purpose: _run tells the driver's refusals from its mistakes
+        return _raise(exc)
+    if not inspect.isawaitable(work):
+        return _raise(_WrongResult(f"returned a {type(work).__name__}, not an awaitable (it must be async def)"))
+    return work
+
+
+async def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+def _checked(method: str, result: T) -> T:
+    """``result`` when it is ``method``'s (values, ``TaskUsage``) pair of SPI values; else ``_WrongResult``."""
+    value_type, per_item = _RESULTS[method]
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise _WrongResult(f"returned a {kind(result)}, not a (result, spi.TaskUsage) pair")
+    values, usage = result
+    if not isinstance(usage, TaskUsage):
+        raise _WrongResult(f"returned a {kind(usage)} as its usage, not an spi.TaskUsage")
+    if per_item and (isinstance(values, str | bytes) or not isinstance(values, Sequence)):
+        raise _WrongResult(f"returned a {kind(values)}, not a sequence of spi.{value_type.__name__}")
+    for value in values if per_item else (values,):
+        if not isinstance(value, value_type):
+            raise _WrongResult(f"returned a {kind(value)}, not an spi.{value_type.__name__}")
+    return result
+
+
+def _assembled(engine: Engine, method: str, assemble: Callable[[], T]) -> T:
+    """The checked response; a contract violation by the driver is its mistake (UNAVAILABLE naming it)."""
     try:
         return assemble()
     except ContractViolation as violation:
-        log.error("driver broke the task contract: %s", violation)
-        raise Internal(f"the engine returned a malformed result: {violation}") from None
+        raise engine.faults.unavailable(f"{method} returned a malformed result: {violation}") from None
 
 
 def _close(work: Awaitable[object]) -> None:

@@ -20,6 +20,7 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_event_subscribers_dropped_total{stream}  ended for falling behind
     openengine_gateway_kv_event_gaps_total                batches an engine lost, reported to subscribers
     openengine_gateway_engine_health{model,state}         1 for the engine's current HealthState
+    openengine_gateway_driver_faults_total{model,backend}  requests the driver failed by breaking the SPI
     openengine_gateway_serving                            1 while grpc.health.v1 reports SERVING
 
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
@@ -200,6 +201,12 @@ class _GatewayCollector(Collector):
             for name in _HEALTH_STATES:
                 health.add_metric((model, name.removeprefix("HEALTH_STATE_")), 1.0 if name == current else 0.0)
         yield health
+        faults = CounterMetricFamily(
+            f"{PREFIX}_driver_faults", "Requests a driver failed, breaking the backend SPI", labels=("model", "backend")
+        )
+        for engine in gateway.engines:
+            faults.add_metric((engine.served_name, engine.faults.backend), engine.faults.count)
+        yield faults
         yield GaugeMetricFamily(
             f"{PREFIX}_serving", "1 while the gateway admits requests and its engines are ready", float(gateway.serving)
         )

@@ -3,7 +3,8 @@
 ``from openengine_gateway import spi`` gives the ``Backend`` base class, its settings base,
 ``EngineFacts``, the validated request types, the generation events with their
 ``EventStream``, the streaming helpers, ``OutputTracker`` (one output of a token-by-token
-engine, stopping and text), the values tasks, load and health return (``spi.results``), and
+engine, stopping and text), the values tasks, load and health return (``spi.results``; from
+wire messages: ``spi.wire``), and
 KV cache events (``spi.kv_events``; engines that publish them over ZMQ: ``spi.zmq_kv``), and
 ``vocabulary_digest``, a tokenizer's identity (``spi.vocabulary``), and ``SharedEngine``, one
 engine behind several frontend processes (``spi.frontends``).

@@ -8,9 +8,12 @@ supported", and the driver advertises what it overrides in ``EngineFacts.model``
 ``ModelInfo``) and the ``EngineFacts`` flags. The core enforces those facts before it calls
 the driver, so a driver never sees a request for something it did not advertise.
 
-Versioning: ``SPI_VERSION`` changes when this interface changes incompatibly. A driver
-declares the version it was written for in ``Backend.spi_version``; the gateway refuses to
-load one that differs, with a message naming the driver.
+Versioning: ``SPI_VERSION`` changes when this interface changes incompatibly (and the package's
+minor version with it, below 1.0). A driver declares the revision it was written for in
+``Backend.spi_version`` (or the gateway reads it from its distribution's requirement on
+``openengine-gateway``); it is never inherited from the gateway that happens to be installed.
+The gateway serves an older revision through its compatibility layer (``openengine_gateway.compat``)
+or refuses it at load time, naming the driver.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from .results import Classification, Embedding, HealthCheck, Load, ScoreResult, 
 
 SPI_VERSION = 2
 """The backend SPI revision this gateway implements. 2: ``generate`` returns an ``EventStream``;
-tasks, load, health and KV events are SPI values, not wire messages; ``Backend[SettingsT]``."""
+tasks, load, health and KV events are SPI values, not wire messages; ``Backend[SettingsT]``.
+CHANGELOG.md lists every revision with its migration."""
 
 
 class BackendSettings(BaseModel):
@@ -106,12 +110,26 @@ class Backend(ABC, Generic[SettingsT]):
     """
 
     name: ClassVar[str] = ""
-    spi_version: ClassVar[int] = SPI_VERSION
+    spi_version: ClassVar[int | None] = None
+    """The SPI revision this driver was written for: ``spi_version = 2`` today. Declare it: a driver
+    that declares none (and whose distribution's requirement on ``openengine-gateway`` does not name
+    one) is assumed to be written for the oldest revision the gateway still serves."""
     Settings: ClassVar[type[BackendSettings]] = BackendSettings
     process_exclusive: ClassVar[str] = ""
     """Why this engine cannot share the gateway's process with another engine (process-wide
     state, a shutdown that kills every child process of the gateway), or ``""`` when it can.
     The gateway then refuses, before anything starts, to serve it beside another engine."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A declared ``spi_version`` is a revision number, checked where the class is written; whether
+        this gateway serves that revision is the loader's verdict (``openengine_gateway.compat``)."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("spi_version")
+        if declared is not None and type(declared) is not int:
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__}.spi_version must be an SPI revision, an int "
+                f"(this gateway's is {SPI_VERSION}), got {declared!r}"
+            )
 
     @classmethod
     def share(cls, settings: BackendSettings, frontends: int) -> SharedEngine:

@@ -106,10 +106,12 @@ async def test_json_logs_one_object_per_line_with_the_request_id() -> None:
     lines = entries(buffer)
     by_message = {str(e["message"]): e for e in lines}
     assert by_message["generate ended: finished"]["request_id"] == "ok"
-    failed = by_message["generation boom failed"]
+    fault = "backend 'fake' broke the backend SPI: "
+    failed = by_message[fault + "its event stream raised RuntimeError: boom in the driver"]
     assert failed["request_id"] == "boom" and failed["level"] == "ERROR"
     assert "RuntimeError: boom in the driver" in str(failed["exception"])  # the traceback inside one line
-    assert by_message["task embed-1 failed"]["request_id"] == "embed-1"
+    embed = by_message[fault + "embed raised RuntimeError: embed broke in the driver"]
+    assert embed["request_id"] == "embed-1" and "Traceback" in str(embed["exception"])
     assert "request_id" not in by_message["outside any request"]
     for entry in lines:  # no line is tagged with a request it was not logged for
         if "request_id" in entry:
@@ -124,8 +126,9 @@ async def test_text_logs_prefix_the_request_id() -> None:
             await serve_requests(running)
     text = buffer.getvalue()
     assert re.search(r" DEBUG openengine_gateway\.core\.generation: \[ok\] generate ended: finished$", text, re.M)
-    assert re.search(r" ERROR openengine_gateway\.core\.generation: \[boom\] generation boom failed$", text, re.M)
-    assert re.search(r" ERROR openengine_gateway\.core\.tasks: \[embed-1\] task embed-1 failed$", text, re.M)
+    faults = r" ERROR openengine_gateway\.core\.driver_faults: \[{}\] backend 'fake' broke the backend SPI: {}$"
+    assert re.search(faults.format("boom", "its event stream raised RuntimeError: boom in the driver"), text, re.M)
+    assert re.search(faults.format("embed-1", "embed raised RuntimeError: embed broke in the driver"), text, re.M)
     assert re.search(r" INFO tests\.ops\.outside: outside any request$", text, re.M)
     assert "RuntimeError: boom in the driver" in text
 
@@ -153,7 +156,7 @@ async def test_no_token_reaches_a_log_line_or_a_status(caplog: pytest.LogCapture
                 details.append(failed.value.details() or "")
     assert len(details) == 6  # two valid presentations reached Generate; every other call was refused
     captured = buffer.getvalue()
-    assert "generate ended: finished" in captured and "task e failed" in captured  # the buffer saw the calls
+    assert "generate ended: finished" in captured and "embed raised RuntimeError" in captured  # it saw the calls
     for where in (captured, caplog.text, *details):
         assert "d1stinct1ve" not in where
 

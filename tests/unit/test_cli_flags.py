@@ -21,6 +21,7 @@ from openengine_gateway.errors import (
     SetupError,
 )
 from openengine_gateway.plugins import InstalledBackend
+from openengine_gateway.spi import SPI_VERSION
 
 
 @pytest.mark.parametrize(
@@ -113,13 +114,17 @@ def test_backends_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
         cli,
         "installed_backends",
         lambda: [
-            InstalledBackend("mock", "pkg.mock:Mock", "openengine-gateway", "0.1.0"),
-            InstalledBackend("vllm", "x:Y", "third", "2"),
+            InstalledBackend("mock", "pkg.mock:Mock", "openengine-gateway", "0.2.0"),
+            InstalledBackend("vllm", "no_such_module_x:Y", "third", "2"),
         ],
     )
     assert cli.main(["backends"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["mock  openengine-gateway 0.1.0  (pkg.mock:Mock)", "vllm  third 2  (x:Y)"]
+    assert lines == [
+        f"mock  openengine-gateway 0.2.0  (pkg.mock:Mock)  SPI {SPI_VERSION} (in tree) native",  # not imported
+        "vllm  third 2  (no_such_module_x:Y)  SPI ? (unknown) refused: it fails to import: "
+        "ModuleNotFoundError: No module named 'no_such_module_x'",
+    ]
     monkeypatch.setattr(cli, "installed_backends", list)
     assert cli.main(["backends"]) == 1
     assert "no backends installed" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from openengine_gateway import cli
 from openengine_gateway.plugins import InstalledBackend
+from openengine_gateway.spi import SPI_VERSION
 
 
 def test_an_option_without_a_backend_is_unknown_with_the_closest_gateway_flag(
@@ -44,7 +45,7 @@ def test_backends_says_which_cannot_start_here_and_what_installs_them(
     monkeypatch.setattr(cli, "missing_packages", lambda b: ("sglang",) if b.name == "sglang" else ())
     assert cli.main(["backends"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "mock    openengine-gateway 1  (m:M)",
-        "sglang  openengine-gateway 1  (s:S)  "
+        f"mock    openengine-gateway 1  (m:M)  SPI {SPI_VERSION} (in tree) native",
+        f"sglang  openengine-gateway 1  (s:S)  SPI {SPI_VERSION} (in tree) native  "
         "cannot start here: needs sglang; pip install 'openengine-gateway[sglang]'",
     ]

@@ -206,7 +206,7 @@ async def test_duplicate_in_flight_id_and_admission_limit() -> None:
             pb.ERROR_CODE_KV_TRANSFER_FAILED,
             True,
         ),
-        (RuntimeError("bug"), pb.ERROR_CODE_INTERNAL, False),
+        (RuntimeError("bug"), pb.ERROR_CODE_INTERNAL, True),  # escaped the driver: retryable, naming it
         (ResourceExhausted("full"), pb.ERROR_CODE_OVERLOADED, True),
     ],
 )

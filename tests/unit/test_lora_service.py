@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from openengine_gateway import pb
 from openengine_gateway.core.lora import LoraRegistry, LoraService
-from openengine_gateway.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from openengine_gateway.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from openengine_gateway.spi import LoraAdapter
 
 from tests.fakes import FakeBackend, engine_set
@@ -68,8 +68,8 @@ async def test_failed_engine_load_is_not_registered(adapter_dir: str) -> None:
 
     backend.load_lora = fail  # type: ignore[method-assign]
     lora = LoraService(engine_set(backend), LoraRegistry())
-    with pytest.raises(RuntimeError):
-        await lora.load(request(adapter_dir))
+    with pytest.raises(Unavailable, match="backend 'fake' broke the backend SPI: load_lora raised RuntimeError: bad"):
+        await lora.load(request(adapter_dir))  # the driver's mistake: retryable, naming it, never INTERNAL
     assert lora.list(pb.ListLorasRequest()).adapters == []
 
 

@@ -7,17 +7,31 @@ listing and stevedore's loader see them exactly as they see a third-party packag
 
 from __future__ import annotations
 
+import logging
+import pkgutil
 import re
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import stevedore._cache
+from openengine_backends.mock import MockBackend
+from openengine_gateway import compat, pb
+from openengine_gateway.conformance import Outcome, all_rules, in_process_target, run_rule
 from openengine_gateway.errors import PluginError
 from openengine_gateway.plugins import GROUP, installed_backends, load_backend, missing_packages
-from openengine_gateway.spi import SPI_VERSION, Backend
+from openengine_gateway.spi import (
+    SPI_VERSION,
+    Backend,
+    EventStream,
+    GenerationEvent,
+    GenerationRequest,
+    HealthCheck,
+    KvEventSource,
+    Load,
+)
 from stevedore import ExtensionManager
 
 PACKAGE = "oe_test_plugins"
@@ -45,6 +59,57 @@ MODULES = {
         class OldBackend(Backend):
             spi_version = 0
     """,
+    "newer.py": """
+        from openengine_gateway.spi import Backend
+
+        class NewerBackend(Backend):
+            spi_version = 3
+    """,
+    "coroutine.py": """
+        from openengine_gateway.spi import Backend
+
+        class CoroutineBackend(Backend):
+            spi_version = 2
+
+            async def generate(self, request):
+                return None
+    """,
+    # As the guide of gateway 0.1 (SPI revision 1) taught: no spi_version, wire messages, an async generator.
+    "v1.py": """
+        from openengine_gateway import pb
+        from openengine_gateway.spi import SPI_VERSION, Backend, EngineFacts, OutputFinished, UsageReport
+
+        class V1Backend(Backend):
+            name = "v1"
+
+            async def start(self):
+                return EngineFacts("v1", "1", pb.ModelInfo())
+
+            async def stop(self):
+                pass
+
+            def generate(self, request):
+                return self._events()
+
+            async def _events(self):
+                yield UsageReport(1, 0)
+                yield OutputFinished(0, pb.FINISH_REASON_LENGTH)
+
+            async def abort(self, request_id):
+                pass
+
+            async def load(self):
+                return pb.LoadInfo(running_requests=3)
+
+            async def check_health(self):
+                return [pb.HealthCheck(name="model", state=pb.HEALTH_STATE_READY, message="up")]
+
+            def kv_event_sources(self):
+                return [pb.KvEventSource(topic="kv", data_parallel_rank=0)]
+
+        class Inherited(V1Backend):
+            spi_version = SPI_VERSION  # the installed gateway's: inherited by accident
+    """,
 }
 
 DISTRIBUTIONS = {
@@ -62,12 +127,25 @@ DISTRIBUTIONS = {
     "oe_plugins_extra-0.3": f"""
         [{GROUP}]
         dup = {PACKAGE}.good:OtherBackend
+        newer = {PACKAGE}.newer:NewerBackend
+        coroutine = {PACKAGE}.coroutine:CoroutineBackend
+    """,
+    "oe_plugins_v1-0.1.5": f"""
+        [{GROUP}]
+        v1 = {PACKAGE}.v1:V1Backend
+        inherited = {PACKAGE}.v1:Inherited
+    """,
+    "oe_plugins_far-9.0": f"""
+        [{GROUP}]
+        far = {PACKAGE}.good:GoodBackend
     """,
 }
 
 REQUIRES = {
     # The extra of the backend's name holds what its engine needs (the distribution's module is there).
     "oe_plugins_main": ['turbo-engine>=2; extra == "good"', f'{PACKAGE}; extra == "good"', 'pytest; extra == "dev"'],
+    "oe_plugins_v1": ["openengine-gateway>=0.1,<0.2"],  # the pin of a plugin written for SPI revision 1
+    "oe_plugins_far": ["openengine-gateway>=9"],
 }
 
 
@@ -156,15 +234,109 @@ def test_import_failure_names_the_distribution_with_the_traceback(plugins: Path)
     assert "ImportError: this driver needs the engine package 'turbo-engine'" in message
 
 
-def test_wrong_spi_version_is_refused(plugins: Path) -> None:
-    with pytest.raises(
-        PluginError,
-        match=re.escape(
-            "'old' from oe_plugins_main 1.2 implements backend SPI version 0; "
-            f"this gateway implements version {SPI_VERSION}"
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "old",
+            "backend 'old' from distribution oe_plugins_main 1.2 targets backend SPI revision 0 (declared "
+            f"spi_version = 0); this gateway implements revision {SPI_VERSION} and serves revision {SPI_VERSION} "
+            "natively and 1 through its compatibility layer: revision 0 is no longer served",
         ),
-    ):
-        load_backend("old")
+        ("newer", "targets backend SPI revision 3 (declared spi_version = 3); this gateway implements revision 2"),
+        ("coroutine", "its generate is a coroutine function (async def without yield); generate must be synchronous"),
+        ("far", "targets backend SPI revision ? (from its requirement openengine-gateway>=9); this gateway implements"),
+    ],
+)
+def test_a_revision_that_cannot_be_served_is_refused_at_load_time(plugins: Path, name: str, message: str) -> None:
+    with pytest.raises(PluginError, match=re.escape(message)) as raised:
+        load_backend(name)
+    assert raised.value.exit_code == 2
+
+
+async def test_a_revision_1_plugin_is_served_through_the_compatibility_layer(
+    plugins: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="openengine_gateway.plugins"):
+        driver = load_backend("v1")
+    lines = [record.getMessage() for record in caplog.records]
+    prefix = "backend 'v1' (oe_plugins_v1 0.1.5) targets SPI revision 1: its "
+    assert [line.removeprefix(prefix).split(";")[0] for line in lines] == [
+        "generate returns an async iterator of events",
+        "load returns a pb.LoadInfo message",
+        "check_health returns pb.HealthCheck messages",
+        "kv_event_sources returns pb.KvEventSource messages",
+    ]
+    assert "revision 2 returns an spi.Load value" in lines[1] and all(line.startswith(prefix) for line in lines)
+    assert driver.__name__ == "V1Backend" and driver.name == "v1" and driver.spi_version == SPI_VERSION
+    backend = driver(driver.Settings())
+    stream = backend.generate(GenerationRequest("r", "m", prompt="x"))
+    assert isinstance(stream, EventStream)
+    assert [type(event).__name__ async for event in stream] == ["UsageReport", "OutputFinished"]
+    assert await backend.load() == Load(running_requests=3, ranks=[])
+    assert await backend.check_health() == [HealthCheck("model", pb.HEALTH_STATE_READY, "up")]
+    assert backend.kv_event_sources() == [KvEventSource(topic="kv", data_parallel_rank=0)]
+
+
+async def test_the_revision_comes_from_the_plugin(plugins: Path) -> None:
+    drivers = {
+        "v1": f"{PACKAGE}.v1:V1Backend",
+        "inherited": f"{PACKAGE}.v1:Inherited",
+        "good": f"{PACKAGE}.good:GoodBackend",
+        "mock": "openengine_backends.mock:MockBackend",
+    }
+    dists = {
+        "v1": "oe_plugins_v1",
+        "inherited": "oe_plugins_v1",
+        "good": "oe_plugins_main",
+        "mock": "openengine-gateway",
+    }
+    verdicts = {
+        name: compat.assess(pkgutil.resolve_name(target), name, dists[name]) for name, target in drivers.items()
+    }
+    assert verdicts["v1"].summary == "SPI 1 (from its requirement openengine-gateway<0.2,>=0.1) compat"
+    assert verdicts["inherited"].summary == (
+        f"SPI 1 (declared spi_version = {SPI_VERSION}, but its requirement openengine-gateway<0.2,>=0.1 admits 1) "
+        "compat"
+    )
+    inherited = load_backend("inherited")
+    assert isinstance(inherited(inherited.Settings()).generate(GenerationRequest("r", "m", prompt="x")), EventStream)
+    assert verdicts["good"].summary == "SPI 1 (none declared: assumed the oldest served) compat"
+    assert verdicts["mock"].summary == f"SPI {SPI_VERSION} (in tree) native"
+
+
+def test_a_declared_revision_is_an_int_checked_where_the_class_is_written() -> None:
+    with pytest.raises(TypeError, match=r"\.Declared\.spi_version must be an SPI revision, an int .*got '2'"):
+
+        class Declared(Backend):  # type: ignore[type-arg]
+            spi_version = "2"  # type: ignore[assignment]
+
+
+class FutureBackend(MockBackend):
+    spi_version = SPI_VERSION + 1
+
+
+class Revision1Mock(MockBackend):
+    """The mock in revision 1's shapes: an async generator from ``generate``, a wire message from ``load``."""
+
+    spi_version = 1
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        return aiter(super().generate(request))
+
+    async def load(self) -> pb.LoadInfo:  # type: ignore[override]
+        return pb.LoadInfo(running_requests=0, queued_requests=0)
+
+
+async def test_the_in_process_harness_checks_the_revision_as_the_command_does() -> None:
+    with pytest.raises(PluginError, match=f"targets backend SPI revision {SPI_VERSION + 1}"):
+        async with in_process_target(FutureBackend(MockBackend.Settings())):
+            pass
+    backend = Revision1Mock(MockBackend.Settings())
+    async with in_process_target(backend) as target:  # served through the compatibility layer, as by the command
+        assert type(backend) is not Revision1Mock and isinstance(backend, Revision1Mock)  # its adapter
+        rules = [rule for rule in all_rules() if rule.id in ("generate.usage-cumulative", "load.idle-is-zero")]
+        assert [(await run_rule(rule, target)).outcome for rule in rules] == [Outcome.PASSED, Outcome.PASSED]
 
 
 def test_a_class_that_is_not_a_backend_is_refused(plugins: Path) -> None:

@@ -13,7 +13,6 @@ from openengine_gateway.errors import (
     Cancelled,
     EngineFailure,
     FailedPrecondition,
-    Internal,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -172,7 +171,7 @@ async def test_loaded_lora_is_passed_down() -> None:
     [
         (EngineFailure(pb.ERROR_CODE_OVERLOADED, "busy", retryable=True, retry_after_ms=9), ResourceExhausted, True),
         (EngineFailure(pb.ERROR_CODE_INVALID_ARGUMENT, "too long"), InvalidArgument, True),
-        (RuntimeError("bug"), Internal, True),
+        (RuntimeError("bug"), Unavailable, True),  # escaped the driver: its mistake, retryable
         (InvalidArgument("late validation"), InvalidArgument, False),  # the driver refused it
     ],
 )
@@ -198,15 +197,19 @@ async def test_driver_without_the_method_is_unimplemented() -> None:
         await service(CoreParts(), backend_with_tasks()).embed(embed_request())
 
 
-async def test_malformed_result_is_internal() -> None:
+async def test_malformed_result_is_the_driver_s_mistake() -> None:
     parts, backend = CoreParts(), backend_with_tasks()
 
     async def embed(_call: EmbedCall) -> tuple[list[Embedding], TaskUsage]:
         return vectors(1), TaskUsage(input_tokens=0)
 
     backend.on_embed = embed
-    with pytest.raises(Internal, match="malformed result: the engine returned 1 outputs for 2 inputs"):
+    with pytest.raises(
+        Unavailable,
+        match="backend 'fake' broke the backend SPI: embed returned a malformed result: the engine returned 1 outputs",
+    ) as raised:
         await service(parts, backend).embed(embed_request())
+    assert raised.value.retry_after_ms == 1000
 
 
 async def test_abort_cancels_a_running_task() -> None:

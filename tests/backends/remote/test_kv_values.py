@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from openengine_backends.remote.kv_values import kv_batch, kv_source
 from openengine_gateway import pb
 from openengine_gateway.contract.kv_wire import kv_batch_to_proto, kv_source_to_proto
+from openengine_gateway.spi.wire import kv_batch, kv_source
 
 SESSION = pb.KvSessionRef(
     session_id="s1",

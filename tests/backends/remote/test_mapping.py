@@ -12,10 +12,10 @@ from openengine_backends.remote.mapping import (
     kv_session_ref,
     score_request,
 )
-from openengine_backends.remote.responses import kv_session
 from openengine_gateway import pb
 from openengine_gateway.contract.generation import parse_generate
 from openengine_gateway.contract.tasks import parse_classify, parse_embed, parse_score
+from openengine_gateway.spi.wire import kv_session
 
 
 def everything() -> pb.ModelInfo:

@@ -57,6 +57,7 @@ class EchoBackend(Backend[EchoSettings]):
     """A deterministic engine that echoes its prompt (see the package docstring)."""
 
     name = "echo"
+    spi_version = 2  # the backend SPI revision this driver is written for (openengine-gateway 0.2.x)
     Settings = EchoSettings
 
     def __init__(self, settings: EchoSettings) -> None:
