@@ -142,6 +142,17 @@ def load_backend(name: str, allowed: Collection[str] | None = None) -> type[Back
     driver = manager.driver
     if not (isinstance(driver, type) and issubclass(driver, Backend)):
         raise PluginError(f"backend {name!r} ({candidates[0].target}) is not a openengine_gateway.spi.Backend subclass")
+    if driver.name != name:
+        log.warning(
+            "backend %r (%s): its class %s names itself %r; it is served as %r, its entry point's name "
+            "(set Backend.name = %r)",
+            name,
+            candidates[0].distribution,
+            driver.__qualname__,
+            driver.name,
+            name,
+            name,
+        )
     return served(driver, compat.assess(driver, name, candidates[0].distribution, candidates[0].version))
 
 

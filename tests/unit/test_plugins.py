@@ -120,6 +120,7 @@ DISTRIBUTIONS = {
         old = {PACKAGE}.old:OldBackend
         notabackend = {PACKAGE}.good:NotABackend
         dup = {PACKAGE}.good:GoodBackend
+        renamed = {PACKAGE}.good:GoodBackend
 
         [some.other.group]
         good = {PACKAGE}.broken:Backend
@@ -191,6 +192,22 @@ def test_load_imports_only_the_selected_driver(plugins: Path) -> None:
     assert f"{PACKAGE}.good" in sys.modules
     assert f"{PACKAGE}.broken" not in sys.modules
     assert f"{PACKAGE}.old" not in sys.modules
+
+
+def test_a_class_named_otherwise_is_served_by_its_entry_point_s_name_with_a_warning(
+    plugins: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="openengine_gateway.plugins"):
+        assert load_backend("renamed").__name__ == "GoodBackend"
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line == (
+        "backend 'renamed' (oe_plugins_main): its class GoodBackend names itself 'good'; it is served as "
+        "'renamed', its entry point's name (set Backend.name = 'renamed')"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="openengine_gateway.plugins"):
+        load_backend("good")
+    assert caplog.records == []
 
 
 def test_unknown_backend_lists_installed_ones(plugins: Path) -> None:
