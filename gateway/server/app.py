@@ -1,4 +1,5 @@
-"""The grpc.aio server: OpenEngine, the gateway's own Routes, grpc.health.v1 and reflection on one port.
+"""The grpc.aio server: OpenEngine in both layouts (the seed's ``OpenEngine``, the later ``Inference`` and
+``Control``), the gateway's own Routes, grpc.health.v1 and reflection (v1 and v1alpha) on one port.
 
 Plaintext or TLS (mutual with a client CA), bearer tokens and per-RPC counts through one
 interceptor (``interceptor``), and Prometheus metrics on a port of their own (``metrics``).
@@ -17,15 +18,16 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from .. import logs, pb, routes_pb
+from .. import logs, pb, pb_later, routes_pb
 from ..config import Config
 from ..core.gateway import Gateway
 from ..reload import RouteReloader
 from .auth import TokenAuth
 from .interceptor import EdgeInterceptor
+from .later_servicer import ControlServicer, InferenceServicer
 from .metrics import MetricsExporter
+from .reflection import enable_reflection
 from .routes_servicer import RoutesServicer
 from .servicer import OpenEngineServicer
 from .tls import TlsFiles
@@ -125,6 +127,10 @@ def _hold(host: str, port: int, what: str, *, reuse_port: bool = False) -> Itera
         yield int(sock.getsockname()[1])
 
 
+SERVED_SERVICES = (pb.SERVICE_NAME, *pb_later.SERVICE_NAMES, routes_pb.SERVICE_NAME)
+"""Every service this server answers besides health and reflection: the seed layout's, the later layout's
+two (``later_servicer``) and the gateway's own; grpc.health.v1 reports on each by name."""
+
 UNLIMITED_INTAKE = 65536
 """Calls gRPC may hold for the gateway when its admission has no limit (``max_in_flight`` unset)."""
 
@@ -167,13 +173,13 @@ class GatewayServer:
         )
         servicer = OpenEngineServicer(gateway, max_message_bytes=options.max_message_bytes)
         pb.add_OpenEngineServicer_to_server(servicer, self._server)
+        pb_later.add_InferenceServicer_to_server(InferenceServicer(servicer), self._server)
+        pb_later.add_ControlServicer_to_server(ControlServicer(servicer, gateway), self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
         routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway.siblings), self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
+        enable_reflection(self._server, (*SERVED_SERVICES, health.SERVICE_NAME))
         self._health_task: asyncio.Task[None] | None = None
 
     @property
@@ -213,7 +219,7 @@ class GatewayServer:
 
     async def _publish(self, *, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in ("", pb.SERVICE_NAME):
+        for service in ("", *SERVED_SERVICES):
             await self._health.set(service, status)
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from .. import pb
+from .. import pb, pb_later
 from ..errors import ConfigurationError, PermissionDenied, RequestError, Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ RPC_ACCESS: Mapping[str, Access] = MappingProxyType(
         "Score": Access.INFERENCE,
         "Abort": Access.INFERENCE,  # of all_requests: CONTROL (request_access)
         "GetEngineInfo": Access.DISCOVERY,
+        "GetServerInfo": Access.DISCOVERY,  # the later layout's GetEngineInfo
         "GetModelInfo": Access.DISCOVERY,
         "GetLoad": Access.DISCOVERY,
         "Health": Access.DISCOVERY,
@@ -97,7 +98,8 @@ RPC_ACCESS: Mapping[str, Access] = MappingProxyType(
         "ReloadRoutes": Access.CONTROL,
     }
 )
-"""What each RPC of OpenEngine and of the gateway's own Routes service needs before its request is read."""
+"""What each RPC of OpenEngine (both layouts: ``openengine.v1.OpenEngine``, ``Inference`` and ``Control``, whose
+shared names mean the same RPC) and of the gateway's own Routes service needs before its request is read."""
 
 SCOPE_ACCESS: Mapping[Scope, frozenset[Access]] = MappingProxyType(
     {
@@ -118,7 +120,11 @@ def static_access(rpc: str) -> Access:
 
 def request_access(rpc: str, request: object) -> Access:
     """What a call needs given its request: Abort of every request is control."""
-    if rpc == "Abort" and isinstance(request, pb.AbortRequest) and request.WhichOneof("target") == "all_requests":
+    if (
+        rpc == "Abort"
+        and isinstance(request, pb.AbortRequest | pb_later.AbortRequest)  # either layout's
+        and request.WhichOneof("target") == "all_requests"
+    ):
         return Access.CONTROL
     return static_access(rpc)
 

@@ -1,6 +1,6 @@
 """The one grpc.aio interceptor: authentication, undecodable requests, and per-RPC status counts.
 
-Every call of OpenEngine and of the gateway's own Routes service passes through it once:
+Every call of OpenEngine (either layout) and of the gateway's own Routes service passes through it once:
 
 1. its bearer token is checked from the call's metadata before the request is even parsed
    (``auth``), so an unauthenticated client cannot make the gateway decode a large message;
@@ -32,7 +32,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health
 
-from .. import pb, routes_pb
+from .. import pb, pb_later, routes_pb
 from ..core.audit import audit
 from ..core.callers import Caller, bind_caller
 from ..errors import InvalidArgument, PermissionDenied, RequestError, ResourceExhausted
@@ -41,8 +41,9 @@ from .servicer import reject
 
 log = logging.getLogger(__name__)
 
-_PREFIXES = (f"/{pb.SERVICE_NAME}/", f"/{routes_pb.SERVICE_NAME}/")
-"""The services whose RPCs ``auth.RPC_ACCESS`` names (by method name, unique across them)."""
+_PREFIXES = tuple(f"/{name}/" for name in (pb.SERVICE_NAME, *pb_later.SERVICE_NAMES, routes_pb.SERVICE_NAME))
+"""The services whose RPCs ``auth.RPC_ACCESS`` names (by method name: the later layout's share the seed's names
+for the same RPCs, and are counted under them)."""
 _EXEMPT_PREFIX = f"/{health.SERVICE_NAME}/"
 
 _Context = grpc.aio.ServicerContext[Any, Any]

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from .. import pb
+from ..contract.layouts import refuse_unknown_fields
 from ..core.gateway import Gateway
 from ..errors import RequestError, ResourceExhausted, bounded_message
 
@@ -79,6 +80,10 @@ class OpenEngineServicer(pb.OpenEngineServicer):
         self._max_bytes = max_message_bytes
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            refuse_unknown_fields(request, "seed")  # the later layout's bytes on this path: docs/layouts.md
+        except RequestError as error:
+            await reject(context, error)
         async for message in _stream(context, self._gateway.generation.generate(request)):
             yield message
 

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
-from openengine_gateway import pb, routes_pb
+from openengine_gateway import pb, pb_later, routes_pb
 from openengine_gateway.core.gateway import GatewayOptions
 from openengine_gateway.spi import HealthCheck
 from openengine_gateway.testing import RunningGateway, serve_backends
@@ -101,7 +101,10 @@ async def test_reflection_serves_what_grpcurl_needs() -> None:
 
         listed, described = [response async for response in stub.ServerReflectionInfo(requests())]
     services = {service.name for service in listed.list_services_response.service}
-    assert services == {pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME}
+    assert services == {pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME} | {
+        *pb_later.SERVICE_NAMES,
+        "grpc.reflection.v1.ServerReflection",
+    }
     files = [
         descriptor_pb2.FileDescriptorProto.FromString(blob)
         for blob in described.file_descriptor_response.file_descriptor_proto

@@ -55,10 +55,25 @@ def test_each_access_needs_a_token_once_a_token_granting_it_exists() -> None:
 
 
 def test_every_rpc_of_the_services_has_an_access() -> None:
-    from openengine_gateway import pb, routes_pb
+    from openengine_gateway import pb, pb_later, routes_pb
+    from openengine_gateway.server.app import SERVED_SERVICES
 
-    methods = [
-        method.name for service in (pb.SERVICE_DESCRIPTOR, routes_pb.SERVICE_DESCRIPTOR) for method in service.methods
-    ]
-    assert len(methods) == len(set(methods))  # the table is keyed by method name
-    assert set(RPC_ACCESS) == set(methods)
+    services = (pb.SERVICE_DESCRIPTOR, pb_later.INFERENCE_DESCRIPTOR, pb_later.CONTROL_DESCRIPTOR)
+    services += (routes_pb.SERVICE_DESCRIPTOR,)
+    assert [service.full_name for service in services] == list(SERVED_SERVICES)
+    seed = [method.name for method in pb.SERVICE_DESCRIPTOR.methods]
+    assert len(seed) == len(set(seed))  # the table is keyed by method name
+    later = [method for service in services[1:3] for method in service.methods]
+    for method in later:  # a later RPC named as a seed one is the same RPC, through the same rules
+        if method.name in seed:
+            assert method.input_type.name == pb.SERVICE_DESCRIPTOR.methods_by_name[method.name].input_type.name
+    assert set(RPC_ACCESS) == {method.name for service in services for method in service.methods}
+
+
+def test_abort_of_all_requests_is_control_in_either_layout() -> None:
+    from openengine_gateway import pb, pb_later
+    from openengine_gateway.server.auth import request_access
+
+    for module in (pb, pb_later):
+        assert request_access("Abort", module.AbortRequest(all_requests=module.AllRequests())) is Access.CONTROL
+        assert request_access("Abort", module.AbortRequest(request_id="r")) is Access.INFERENCE
