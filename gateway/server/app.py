@@ -173,7 +173,7 @@ class GatewayServer:
         )
         servicer = OpenEngineServicer(gateway, max_message_bytes=options.max_message_bytes)
         pb.add_OpenEngineServicer_to_server(servicer, self._server)
-        pb_later.add_InferenceServicer_to_server(InferenceServicer(servicer), self._server)
+        pb_later.add_InferenceServicer_to_server(InferenceServicer(servicer, gateway), self._server)
         pb_later.add_ControlServicer_to_server(ControlServicer(servicer, gateway), self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
         routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway.siblings), self._server)

@@ -39,16 +39,29 @@ def _headers(context: Context) -> dict[str, str]:
 class InferenceServicer(pb_later.InferenceServicer):
     """``openengine.v1.Inference``: Generate, through the seed's servicer."""
 
-    def __init__(self, seed: OpenEngineServicer) -> None:
+    def __init__(self, seed: OpenEngineServicer, gateway: Gateway) -> None:
         self._seed = seed
+        self._engines = gateway.engines
 
     async def Generate(
         self, request: pb_later.GenerateRequest, context: Context
     ) -> AsyncIterator[pb_later.GenerateResponse]:
         headers = _headers(context)
-        seed_request = await _convert(context, lambda r: layouts.generate_request_to_seed(r, headers), request)
+        accepted = self._accepted_extra(request.model) if request.HasField("extra") else frozenset()
+        seed_request = await _convert(
+            context, lambda r: layouts.generate_request_to_seed(r, headers, accepted_extra=accepted), request
+        )
         async for message in self._seed.Generate(seed_request, context):
             yield layouts.generate_response_to_later(message)
+
+    def _accepted_extra(self, model: str) -> frozenset[str]:
+        """The ``extra`` keys every engine behind ``model`` accepts (``EngineFacts.accepted_extra``); none for a
+        model not served, whose error then comes from the core."""
+        try:
+            engines = self._engines.route(model).engines
+        except RequestError:
+            return frozenset()
+        return frozenset.intersection(*(engine.facts.accepted_extra for engine in engines))
 
 
 class ControlServicer(pb_later.ControlServicer):

@@ -84,6 +84,10 @@ class EngineFacts:
     """An identity of the engine's tokenizer: a digest of its vocabulary and special tokens
     (``spi.vocabulary_digest``). Engines with equal ids read token ids alike, so a name split
     across them may take token ids; ``None`` (unknown) counts as different from every id."""
+    accepted_extra: frozenset[str] = frozenset()
+    """Keys of the later OpenEngine layout's ``GenerateRequest.extra`` this driver reads (docs/layouts.md): each
+    reaches ``GenerationRequest.metadata`` as ``extra.<key>``, its value as JSON. Any other key is refused by
+    name (as is one that not every engine behind a split accepts), never ignored."""
 
 
 SettingsT = TypeVar("SettingsT", bound=BackendSettings)

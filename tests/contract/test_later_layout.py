@@ -264,3 +264,19 @@ async def test_later_rpcs_need_the_seed_rpcs_scopes() -> None:
     assert info.schema_release == pb_later.SCHEMA_RELEASE
     assert abort_all.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert observer_generate.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_an_extra_key_a_driver_accepts_is_answered() -> None:
+    async with later() as (running, inference, _control):
+        facts = running.gateway.engines.route("model").engines[0].facts
+        facts.accepted_extra = frozenset({"speculative_k"})  # what a driver's EngineFacts would say
+        accepted = _request("extra-ok")
+        accepted.extra.update({"speculative_k": 4})
+        events = [event async for event in inference.Generate(accepted)]
+        other = _request("extra-other")
+        other.extra.update({"speculative_k": 4, "draft_model": "d"})
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in inference.Generate(other):
+                pass
+    assert events[-1].finished.reason == pb_later.FINISH_REASON_LENGTH
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "extra.draft_model" in refused.value.details()
