@@ -182,18 +182,3 @@ def tokens_and_usage(responses: list[dict[str, Any]]) -> tuple[list[int], str | 
     """A worker's streamed token ids, its finish reason and its usage (on the last response)."""
     tokens = [token for response in responses for token in response["token_ids"]]
     return tokens, responses[-1]["finish_reason"], responses[-1].get("completion_usage") or {}
-
-
-async def require_later_layout(address: str) -> None:
-    """Skip unless the gateway at ``address`` serves upstream's later layout (``openengine.v1.Control``), which
-    Dynamo's sidecar speaks. An empty request is a valid ``GetServerInfoRequest``."""
-    import grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        method = channel.unary_unary("/openengine.v1.Control/GetServerInfo")
-        try:
-            await method(b"", timeout=30)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            pytest.skip("this gateway does not serve openengine.v1.Inference/Control yet (issue 31, branch i31)")

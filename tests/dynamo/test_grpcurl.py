@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from tests.dynamo.processes import GRPCURL, require_later_layout
+from tests.dynamo.processes import GRPCURL
 from tests.process import GatewayProcess, gateway_process
 
 SERVICES = {"openengine.v1.OpenEngine", "openengine.v1.Inference", "openengine.v1.Control", "grpc.health.v1.Health"}
@@ -37,7 +37,6 @@ def grpcurl_binary() -> Path:
 @pytest.fixture(scope="module")
 async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayProcess]:
     async with gateway_process("--backend", "mock", cwd=tmp_path_factory.mktemp("grpcurl")) as gateway:
-        await require_later_layout(gateway.address)
         yield gateway
 
 

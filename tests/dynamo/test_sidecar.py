@@ -29,7 +29,6 @@ from tests.dynamo.processes import (
     Deployment,
     http_json,
     require_dynamo,
-    require_later_layout,
     tokens_and_usage,
     wait_until,
 )
@@ -113,7 +112,6 @@ async def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     long = {"max_tokens": 1024 if engine == "mock" else 7936}  # 20 s at the mock's pace; vLLM's context - 256
     deployment = Deployment(directory)
     async with starting as gateway:
-        await require_later_layout(gateway.address)
         async with deployment.sidecar(gateway.address, model.name) as card:
             positions = int(json.loads((model / "config.json").read_text())["max_position_embeddings"])
             yield Worker(engine, deployment, gateway, metrics_port, card, prompt_ids(model), positions, long)

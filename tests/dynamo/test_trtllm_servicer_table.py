@@ -20,7 +20,6 @@ import grpc
 import pytest
 from openengine_gateway import pb_later
 
-from tests.dynamo.processes import require_later_layout
 from tests.process import gateway_process
 
 MODEL = "mock-model"
@@ -43,10 +42,9 @@ class Served:
 async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     """The real command on the mock, decoding at 50 tokens/s so that a long request is still running when aborted."""
     args = ("--backend", "mock", "--max-context-length", str(CONTEXT), "--decode-time-per-step-s", "0.02")
-    async with gateway_process(*args, cwd=tmp_path_factory.mktemp("trtllm-table")) as gateway:
-        await require_later_layout(gateway.address)
-        async with grpc.aio.insecure_channel(gateway.address) as channel:
-            yield Served(gateway.address, pb_later.InferenceStub(channel), pb_later.ControlStub(channel))
+    directory = tmp_path_factory.mktemp("trtllm-table")
+    async with gateway_process(*args, cwd=directory) as gateway, grpc.aio.insecure_channel(gateway.address) as channel:
+        yield Served(gateway.address, pb_later.InferenceStub(channel), pb_later.ControlStub(channel))
 
 
 def generate_request(request_id: str, max_tokens: int) -> pb_later.GenerateRequest:
