@@ -48,7 +48,6 @@ STOP_AFTER = 3
 class Worker:
     """A gateway on one engine, registered with Dynamo by the sidecar."""
 
-    engine: str
     deployment: Deployment
     gateway: GatewayProcess
     metrics_port: int
@@ -114,7 +113,7 @@ async def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     async with starting as gateway:
         async with deployment.sidecar(gateway.address, model.name) as card:
             positions = int(json.loads((model / "config.json").read_text())["max_position_embeddings"])
-            yield Worker(engine, deployment, gateway, metrics_port, card, prompt_ids(model), positions, long)
+            yield Worker(deployment, gateway, metrics_port, card, prompt_ids(model), positions, long)
         assert await gateway.stop(within_s=90) == 0, gateway.log.read_text()[-4000:]
 
 
