@@ -9,7 +9,7 @@ MYPY := $(BIN)/python scripts/typecheck.py
 # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on a CPU.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
-.PHONY: install serve test lint proto bench clean .venv-sglang
+.PHONY: install serve test lint proto bench clean .venv-sglang .venv-dynamo
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,22 @@ $(SGLANG_VENV)/.installed: pyproject.toml $(SGLANG_REQUIREMENTS) $(SGLANG_TORCHV
 	$(SGLANG_VENV)/bin/pip install -q -r $(SGLANG_REQUIREMENTS) -e '.[dev]'
 	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23
 	cp $(SGLANG_TORCHVISION_SHIM) $$($(SGLANG_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+	touch $@
+
+# NVIDIA Dynamo 1.6.1 (its TensorRT-LLM sidecar, frontend and request-plane client) and a grpcurl binary, for
+# tests/dynamo/: clients nobody here wrote, driving the gateway as real processes. A venv of its own: Dynamo's
+# pins (pydantic, uvloop, ...) are not the gateway's. The ai-dynamo wheel goes in without its requirements (one,
+# aisimulate, is not on the index); the requirements file lists what its frontend imports.
+DYNAMO_VENV := .venv-dynamo
+DYNAMO_REQUIREMENTS := tests/dynamo/requirements.txt
+
+.venv-dynamo: $(DYNAMO_VENV)/.installed
+
+$(DYNAMO_VENV)/.installed: $(DYNAMO_REQUIREMENTS)
+	$(PYTHON) -m venv $(DYNAMO_VENV)
+	$(DYNAMO_VENV)/bin/pip install -q --upgrade pip
+	$(DYNAMO_VENV)/bin/pip install -q -r $(DYNAMO_REQUIREMENTS)
+	$(DYNAMO_VENV)/bin/pip install -q --no-deps ai-dynamo==1.6.1
 	touch $@
 
 TINY_MODEL := .models/tiny-llama
@@ -64,7 +80,7 @@ $(VENV)/.frozen-installed: $(VENV)/.installed $(wildcard $(addsuffix /pyproject.
 	$(BIN)/pip install -q --no-deps $(addprefix ./,$(FROZEN))
 	touch $@
 
-test: install $(VENV)/.example-installed $(VENV)/.frozen-installed $(SGLANG_VENV)/.installed
+test: install $(VENV)/.example-installed $(VENV)/.frozen-installed $(SGLANG_VENV)/.installed $(DYNAMO_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MYPY)
@@ -89,4 +105,4 @@ bench: install
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(BIN)/python -m benchmarks.vllm_overhead
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) $(DYNAMO_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

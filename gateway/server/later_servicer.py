@@ -15,11 +15,17 @@ from typing import TypeVar
 from .. import pb, pb_later
 from ..contract import layouts
 from ..core.gateway import Gateway
-from ..errors import RequestError
+from ..errors import InvalidArgument, RequestError
 from .servicer import Context, OpenEngineServicer, reject, unary
 
 S = TypeVar("S")
 L = TypeVar("L")
+
+DETOKENIZE = "detokenize"
+"""The one ``extra`` key the edge reads itself, for every engine: ``false`` leaves the text out of each
+``TokenOutput`` (token ids only), as TensorRT-LLM's servicer does with it
+(``tensorrt_llm/grpc/openengine/request_mapping.py``, ``extra.detokenize``, a boolean). Dynamo 1.6.1's sidecar
+sends ``false`` with every request: its frontend detokenizes."""
 
 
 async def _convert(context: Context, convert: Callable[[L], S], request: L) -> S:
@@ -29,6 +35,21 @@ async def _convert(context: Context, convert: Callable[[L], S], request: L) -> S
     except RequestError as error:
         await reject(context, error)
         raise AssertionError("unreachable") from None
+
+
+def _detokenize(request: pb_later.GenerateRequest) -> tuple[pb_later.GenerateRequest, bool]:
+    """``request`` without ``extra.detokenize``, and whether text is wanted (``InvalidArgument`` unless a boolean)."""
+    value = request.extra.fields.get(DETOKENIZE) if request.HasField("extra") else None
+    if value is None:
+        return request, True
+    if value.WhichOneof("kind") != "bool_value":
+        raise InvalidArgument(f"extra.{DETOKENIZE} must be a boolean")
+    rest = pb_later.GenerateRequest()
+    rest.CopyFrom(request)
+    del rest.extra.fields[DETOKENIZE]
+    if not rest.extra.fields:
+        rest.ClearField("extra")
+    return rest, value.bool_value
 
 
 def _headers(context: Context) -> dict[str, str]:
@@ -47,12 +68,16 @@ class InferenceServicer(pb_later.InferenceServicer):
         self, request: pb_later.GenerateRequest, context: Context
     ) -> AsyncIterator[pb_later.GenerateResponse]:
         headers = _headers(context)
+        request, detokenize = await _convert(context, _detokenize, request)
         accepted = self._accepted_extra(request.model) if request.HasField("extra") else frozenset()
         seed_request = await _convert(
             context, lambda r: layouts.generate_request_to_seed(r, headers, accepted_extra=accepted), request
         )
         async for message in self._seed.Generate(seed_request, context):
-            yield layouts.generate_response_to_later(message)
+            later = layouts.generate_response_to_later(message)
+            if not detokenize and later.HasField("token"):
+                later.token.text = ""
+            yield later
 
     def _accepted_extra(self, model: str) -> frozenset[str]:
         """The ``extra`` keys every engine behind ``model`` accepts (``EngineFacts.accepted_extra``); none for a
