@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -155,7 +156,8 @@ def _rejecting(
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same kind that ends the call with ``error`` without reading its request."""
 
-    async def refuse(_request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        del request  # never read: not kept by the frame the abort's traceback holds
         if isinstance(error, PermissionDenied):
             audit(f"PERMISSION_DENIED on {rpc}", _Identity(None, grant).caller(rpc, context))
         await reject(context, error)
@@ -230,6 +232,8 @@ def _relaying(
                     yield message
             except BaseException as exc:
                 code = _code(exc, context)
+                request = None  # the frames below are cleared by forget; this one by hand
+                forget(exc)
                 raise
             finally:
                 on_finished(rpc, code, token)
@@ -247,6 +251,8 @@ def _relaying(
             return await inner_unary(request, context)
         except BaseException as exc:
             code = _code(exc, context)
+            request = None  # see stream
+            forget(exc)
             raise
         finally:
             on_finished(rpc, code, token)
@@ -254,6 +260,19 @@ def _relaying(
     return grpc.unary_unary_rpc_method_handler(
         unary, request_deserializer=deserialize, response_serializer=handler.response_serializer
     )
+
+
+def forget(exc: BaseException) -> None:
+    """Clear the locals of every finished frame in ``exc``'s traceback and in those of the exceptions
+    it chains. An aborted call's exception sits in a reference cycle (its traceback holds the frames
+    that hold it) that only Python's cycle collector frees: without this, the request those frames
+    hold (up to the message limit, inflated from a few KiB of gzip) would outlive its call."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__context__ or current.__cause__
 
 
 _DEADLINE_SKEW_S = 0.1

@@ -61,7 +61,9 @@ def raw_call(
         connection.initiate_connection()
         stream = connection.get_next_available_stream_id()
         connection.send_headers(stream, [*_REQUIRED, (b":path", path.encode()), *_GRPC, *headers])
-        connection.send_data(stream, body, end_stream=True)
+        size = connection.max_outbound_frame_size  # a body within the first window (64 KiB), in frames
+        for start in range(0, max(len(body), 1), size):
+            connection.send_data(stream, body[start : start + size], end_stream=start + size >= len(body))
         sock.sendall(connection.data_to_send())
         ended = False
         while not ended:

@@ -1,0 +1,148 @@
+"""Hostile clients against the real command: what they can make the gateway hold is bounded.
+
+Each test runs one attack for a few seconds against ``openengine-gateway --backend mock``
+with tokens, over raw HTTP/2 (``raw_h2``) where grpc's own client would not send it, and
+reads the process's resident memory (``/proc/PID/status``) during and after it: under the
+attack's bound while it runs, and back near the baseline once it stops. A well-behaved client
+on its own connection measures its latency idle and under the attack in the same test: it
+never sees CANCELLED, and its latency stays within a generous ratio of the idle run (a shared,
+noisy 2-core machine runs these).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import statistics
+import struct
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+from openengine_gateway import pb
+
+from tests.ops.raw_h2 import raw_call
+from tests.process import GatewayProcess, gateway_process
+
+MIB = 1024 * 1024
+ALICE = "alice-tok-1a2b3c"
+LATENCY_RATIO = 30.0
+"""How much slower a good client may get under an attack than idle (p90 of short Generates)."""
+LATENCY_FLOOR_S = 0.5
+"""Below this, a good client's p90 passes whatever the ratio (idle p90s of a few ms are noise)."""
+
+
+def resident(pid: int) -> int:
+    """The process's resident memory in bytes (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+@contextlib.contextmanager
+def peak_resident(pid: int) -> Iterator[list[int]]:
+    """Sample ``resident(pid)`` every 20 ms while the block runs; the list holds the peak once it ends."""
+    peak = [resident(pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            with contextlib.suppress(OSError):
+                peak[0] = max(peak[0], resident(pid))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+
+
+def gzip_frame(message: pb.GenerateRequest) -> bytes:
+    """``message`` as one gzip-compressed gRPC frame (the flag byte 1), what an attacker sends."""
+    data = gzip.compress(message.SerializeToString(), compresslevel=9)
+    return b"\x01" + struct.pack(">I", len(data)) + data
+
+
+def _as(token: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {token}".encode())]
+
+
+@contextlib.asynccontextmanager
+async def command(tmp_path: Path, *args: str) -> AsyncIterator[tuple[GatewayProcess, int]]:
+    """The real command with the mock and Alice's inference token; yields it and its port."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\n")
+    tokens.chmod(0o600)
+    argv = ("--backend", "mock", "--served-model-name", "mock", "--auth-token-file", str(tokens), *args)
+    async with gateway_process(*argv, cwd=tmp_path) as process:
+        yield process, int(process.address.rsplit(":", 1)[1])
+
+
+async def good_client(address: str, seconds: float) -> tuple[float, list[str]]:
+    """Short Generates one after another for ``seconds`` on a connection of their own: their p90
+    latency and every status code other than OK."""
+    latencies: list[float] = []
+    codes: list[str] = []
+    loop = asyncio.get_running_loop()
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb.OpenEngineStub(channel)
+        request = pb.GenerateRequest(model="mock", prompt="hi", stopping=pb.StoppingOptions(max_tokens=2))
+        end = loop.time() + seconds
+        while loop.time() < end:
+            started = loop.time()
+            try:
+                async for _ in stub.Generate(request, metadata=(("authorization", f"Bearer {ALICE}"),), timeout=30):
+                    pass
+            except grpc.aio.AioRpcError as error:
+                codes.append(error.code().name)
+            latencies.append(loop.time() - started)
+    return statistics.quantiles(latencies, n=10)[-1] if len(latencies) > 1 else latencies[0], codes
+
+
+async def under_attack(address: str, attack: Callable[[], object], seconds: float) -> tuple[float, float, list[str]]:
+    """The good client's p90 idle, then while ``attack`` runs in a thread: (idle, attacked, codes)."""
+    idle, idle_codes = await good_client(address, 1.0)
+    assert not idle_codes, idle_codes
+    attacker = asyncio.create_task(asyncio.to_thread(attack))
+    attacked, codes = await good_client(address, seconds)
+    await attacker
+    return idle, attacked, codes
+
+
+def assert_unharmed(idle: float, attacked: float, codes: Sequence[str]) -> None:
+    assert not codes, codes  # never CANCELLED, never refused
+    assert attacked <= max(LATENCY_RATIO * idle, LATENCY_FLOOR_S), (idle, attacked)
+
+
+async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path) -> None:
+    """40 MiB inflated from 40 KiB of gzip, refused (an unknown model with a valid token, and no
+    token at all): each refused request is freed when its call ends, not at the cycle collector's
+    next pass, so eight in a row leave the process where it started."""
+    inflated = pb.GenerateRequest(model="no-such-model", prompt="a" * (40 * MIB))
+    body = gzip_frame(inflated)
+    assert len(body) < 100 * 1024
+    path = f"/{pb.SERVICE_NAME}/Generate"
+    encoding = [(b"grpc-encoding", b"gzip")]
+    async with command(tmp_path) as (process, port):
+        pid = process.process.pid
+        baseline = resident(pid)
+        answers: list[bytes] = []
+
+        def attack() -> None:
+            for headers in (_as(ALICE), []):
+                for _ in range(4):
+                    answers.append(raw_call(port, path, [*headers, *encoding], body, timeout_s=30)[b"grpc-status"])
+
+        with peak_resident(pid) as peak:
+            idle, attacked, codes = await under_attack(process.address, attack, 2.0)
+        after = resident(pid)
+        assert await process.stop() == 0
+    assert answers == [b"5"] * 4 + [b"16"] * 4  # NOT_FOUND, then UNAUTHENTICATED
+    assert peak[0] - baseline < 200 * MIB, (baseline // MIB, peak[0] // MIB)
+    assert after - baseline < 100 * MIB, (baseline // MIB, after // MIB)
+    assert_unharmed(idle, attacked, codes)
