@@ -82,6 +82,12 @@ class CoreSettings(_Strict):
     max_subscriptions: Annotated[int | None, Flag("limits")] = Field(
         default=1024, gt=0, description="concurrent KV and runtime event subscriptions"
     )
+    max_memory_mib: Annotated[int | None, Flag("limits")] = Field(
+        default=None,
+        gt=0,
+        description="resident memory budget of the gateway process in MiB: new requests, probes and streams are "
+        "refused (RESOURCE_EXHAUSTED, retry-after-ms) from nine tenths of it (default: no budget)",
+    )
     max_prompt_chars: Annotated[int | None, Flag("limits")] = Field(
         default=None, gt=0, description="characters of a text prompt or task input"
     )

@@ -27,6 +27,7 @@ from .events import EventService
 from .generation import GenerationService
 from .lifecycle import LifecycleService
 from .lora import LoraRegistry, LoraService
+from .memory import MemoryBudget
 from .mirror import Mirroring
 from .monitor import EngineMonitor
 from .peers import PeeredDiscovery, PeeredLifecycle, PeeredLora, Siblings
@@ -73,6 +74,7 @@ class Gateway:
             finished_window=options.finished_window,
             max_in_flight=options.max_in_flight,
             max_in_flight_per_owner=options.max_in_flight_per_token,
+            memory=MemoryBudget(options.max_memory_mib * 2**20 if options.max_memory_mib is not None else None),
         )
         self.background = BackgroundTasks()
         loras = LoraRegistry(options.lora_roots)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import AlreadyExists, EngineFailure, ResourceExhausted, clip
+from .memory import MemoryBudget
 
 
 @dataclass(slots=True, eq=False)
@@ -89,7 +90,10 @@ class RequestRegistry:
         finished_window: int = 65536,
         max_in_flight: int | None = None,
         max_in_flight_per_owner: int | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
+        self.memory = memory or MemoryBudget(None)
+        """The process's memory budget, checked at each admission."""
         self._active: dict[str, ActiveRequest] = {}
         self._finished: OrderedDict[str | bytes, str | None] = OrderedDict()
         """Finished ids (``_kept``) → their owner, most recent last."""
@@ -105,7 +109,7 @@ class RequestRegistry:
         """Counts admits and releases (``wait_changed(since=...)``)."""
 
     def admit(self, request: ActiveRequest) -> None:
-        """Register an accepted request, or reject a duplicate id / a full gateway."""
+        """Register an accepted request, or reject a duplicate id / a full gateway / one past the memory budget."""
         held = self._active.get(request.request_id)
         if held is not None:
             if held.ended:
@@ -115,6 +119,7 @@ class RequestRegistry:
             raise ResourceExhausted(
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
             )
+        self.memory.check()
         owner = request.owner
         if owner is not None:
             if self._max_per_owner is not None and self._owned[owner] >= self._max_per_owner:

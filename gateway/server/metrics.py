@@ -21,6 +21,9 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_kv_event_gaps_total                batches an engine lost, reported to subscribers
     openengine_gateway_engine_health{model,state}         1 for the engine's current HealthState
     openengine_gateway_serving                            1 while grpc.health.v1 reports SERVING
+    openengine_gateway_resident_memory_bytes              the process's memory in use (what the budget checks)
+    openengine_gateway_memory_budget_bytes                ``--max-memory-mib`` (absent without a budget)
+    openengine_gateway_memory_shed_total                  new work refused for memory (RESOURCE_EXHAUSTED)
 
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
 
@@ -47,6 +50,7 @@ from prometheus_client.registry import Collector
 from .. import pb
 from ..core.agreement import BASES, SIDES, Agreement
 from ..core.gateway import Gateway
+from ..core.memory import MemoryBudget
 from ..core.telemetry import Histogram
 from .tls import TlsFiles
 
@@ -170,6 +174,7 @@ class _GatewayCollector(Collector):
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
         yield from _mirrors(gateway.agreement)
+        yield from _memory(gateway.registry.memory)
 
     def _tokens(self) -> Metric:
         owned = self._gateway.registry.owner_counts()
@@ -203,6 +208,15 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_serving", "1 while the gateway admits requests and its engines are ready", float(gateway.serving)
         )
+
+
+def _memory(budget: MemoryBudget) -> Iterator[Metric]:
+    yield GaugeMetricFamily(f"{PREFIX}_resident_memory_bytes", "Resident memory of this process", budget.resident)
+    if budget.limit_bytes is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_memory_budget_bytes", "The memory budget new work is shed before", budget.limit_bytes
+        )
+    yield CounterMetricFamily(f"{PREFIX}_memory_shed", "New work refused for memory (RESOURCE_EXHAUSTED)", budget.shed)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

@@ -17,13 +17,16 @@ import gzip
 import statistics
 import struct
 import threading
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
+import pytest
 from openengine_gateway import pb
 
 from tests.ops.raw_h2 import raw_call
+from tests.ops.support import free_port
 from tests.process import GatewayProcess, gateway_process
 
 MIB = 1024 * 1024
@@ -146,3 +149,32 @@ async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path) 
     assert peak[0] - baseline < 200 * MIB, (baseline // MIB, peak[0] // MIB)
     assert after - baseline < 100 * MIB, (baseline // MIB, after // MIB)
     assert_unharmed(idle, attacked, codes)
+
+
+async def test_past_the_memory_budget_new_work_is_shed_and_the_metrics_say_so(tmp_path: Path) -> None:
+    """A budget under what the process already holds: every new request is RESOURCE_EXHAUSTED with a
+    retry hint, discovery still answers, and the metrics show the memory, the budget and each shed."""
+    port = free_port()
+    async with command(tmp_path, "--max-memory-mib", "32", "--metrics-port", str(port)) as (process, _):
+        async with grpc.aio.insecure_channel(process.address) as channel:
+            stub = pb.OpenEngineStub(channel)
+            metadata = (("authorization", f"Bearer {ALICE}"),)
+            request = pb.GenerateRequest(model="mock", prompt="hi", stopping=pb.StoppingOptions(max_tokens=2))
+            with pytest.raises(grpc.aio.AioRpcError) as shed:
+                async for _ in stub.Generate(request, metadata=metadata, timeout=10):
+                    pass
+            assert await stub.GetLoad(pb.GetLoadRequest(), metadata=metadata, timeout=10) is not None
+        page = await asyncio.to_thread(scrape, port)
+        assert await process.stop() == 0
+    assert shed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "32 MiB memory budget (--max-memory-mib)" in (shed.value.details() or "")
+    assert ("retry-after-ms", "1000") in tuple(shed.value.trailing_metadata() or ())
+    assert "openengine_gateway_memory_shed_total 1.0" in page
+    assert "openengine_gateway_memory_budget_bytes 3.3554432e+07" in page  # 32 MiB
+    assert "openengine_gateway_resident_memory_bytes " in page
+
+
+def scrape(port: int) -> str:
+    """The metrics page."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
