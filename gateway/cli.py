@@ -365,6 +365,8 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         host=host,
         port=section.port,
         max_message_bytes=section.max_message_bytes,
+        max_health_watches=section.max_health_watches,
+        max_health_watches_per_connection=section.max_health_watches_per_connection,
         tls=tls,
         auth=auth,
         metrics_port=section.metrics_port,

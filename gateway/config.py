@@ -176,6 +176,12 @@ class GatewaySection(CoreSettings):
     max_message_bytes: Annotated[int, Flag("limits")] = Field(
         default=64 * 1024 * 1024, gt=0, description="bytes of one gRPC message"
     )
+    max_health_watches: Annotated[int, Flag("limits")] = Field(
+        default=4096, gt=0, description="grpc.health.v1 Watch streams open at once (they need no token)"
+    )
+    max_health_watches_per_connection: Annotated[int, Flag("limits")] = Field(
+        default=16, gt=0, description="grpc.health.v1 Watch streams open on one connection"
+    )
     tls_cert_file: Annotated[Path | None, Flag("security", "--tls-cert")] = Field(
         default=None, description="PEM certificate chain: serve TLS"
     )

@@ -24,6 +24,7 @@ from ..config import Config
 from ..core.gateway import Gateway
 from ..reload import RouteReloader
 from .auth import TokenAuth
+from .health_watch import BoundedHealthServicer
 from .interceptor import EdgeInterceptor
 from .metrics import MetricsExporter
 from .routes_servicer import RoutesServicer
@@ -63,6 +64,10 @@ class ServerOptions:
     page names models, token names and load, and takes no token)."""
     metrics_tls: bool = False
     """Serve metrics over HTTPS with ``tls``'s certificate (and its client CA: mutual TLS)."""
+    max_health_watches: int = 4096
+    """grpc.health.v1 Watch streams open at once (``health_watch``)."""
+    max_health_watches_per_connection: int = 16
+    """The same, on one connection."""
     reuse_port: bool = False
     """Bind the gRPC port with ``SO_REUSEPORT``, beside the other frontend processes of ``--frontends``
     (the kernel spreads new connections over them)."""
@@ -169,7 +174,11 @@ class GatewayServer:
         pb.add_OpenEngineServicer_to_server(servicer, self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
         routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway.siblings), self._server)
-        self._health = health.aio.HealthServicer()
+        self._health = BoundedHealthServicer(
+            max_watches=options.max_health_watches,
+            max_watches_per_connection=options.max_health_watches_per_connection,
+            memory=gateway.registry.memory,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server

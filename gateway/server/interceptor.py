@@ -18,7 +18,9 @@ The handler it returns relays the servicer's messages through one thin async-gen
 layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
 that handler is built once per method and reused by every call, except for the audited RPCs
 (Abort, Drain, LoRA, ReloadRoutes), which bind their caller; with tokens each call gets its own,
-bound to its token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
+bound to its token. ``grpc.health.v1`` needs no token and is not counted; its Check passes the decode
+guard and frees a refused request with its call as every RPC does (its Watch ends a refusal without
+raising, ``health_watch``); reflection needs any valid token.
 """
 
 from __future__ import annotations
@@ -104,8 +106,13 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if relay is not None and auth is None:
             return relay  # the common case: no tokens, and the method's handler already built
         handler = await continuation(handler_call_details)
-        if handler is None or method.startswith(_EXEMPT_PREFIX):
+        if handler is None:
             return handler
+        if method.startswith(_EXEMPT_PREFIX):  # no token, no count: Check gets the decode guard and ``forget``
+            if handler.response_streaming:
+                return handler  # Watch writes with context.write and ends a refusal without raising
+            relay = self._relays[method] = _relaying(handler, method.rpartition("/")[2], _uncounted, None)
+            return relay
         grant = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
         if not method.startswith(_PREFIXES):
             error = auth.check(Access.DISCOVERY, grant) if auth is not None else None
@@ -122,6 +129,10 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if relay is None:
             relay = self._relays[method] = _relaying(handler, rpc, self._on_finished, self._max_bytes)
         return relay
+
+
+def _uncounted(_rpc: str, _code: str, _token: str | None) -> None:
+    """grpc.health.v1 calls are not OpenEngine calls: they are not counted."""
 
 
 class _Identity:

@@ -78,4 +78,34 @@ def raw_call(
     return received
 
 
-__all__ = ["EMPTY_MESSAGE", "frame", "never_reading", "raw_call"]
+def many_calls(
+    port: int, path: str, body: bytes, count: int, headers: Sequence[tuple[bytes, bytes]] = (), settle_s: float = 1.0
+) -> tuple[socket.socket, dict[int, bytes]]:
+    """Open ``count`` calls with ``body`` on one connection and read for ``settle_s``: the socket (still
+    open, so are the calls still running) and each ended call's ``grpc-status`` by stream id."""
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+    connection = h2.connection.H2Connection(config)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=settle_s)
+    connection.initiate_connection()
+    for _ in range(count):
+        stream = connection.get_next_available_stream_id()
+        connection.send_headers(stream, [*_REQUIRED, (b":path", path.encode()), *_GRPC, *headers])
+        connection.send_data(stream, body, end_stream=True)
+        sock.sendall(connection.data_to_send())
+    statuses: dict[int, bytes] = {}
+    try:
+        while data := sock.recv(65536):
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    status = dict(event.headers).get(b"grpc-status")
+                    if status is not None:
+                        statuses[event.stream_id] = status
+                if isinstance(event, h2.events.DataReceived):
+                    connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            sock.sendall(connection.data_to_send())
+    except TimeoutError:
+        pass
+    return sock, statuses
+
+
+__all__ = ["EMPTY_MESSAGE", "frame", "many_calls", "never_reading", "raw_call"]

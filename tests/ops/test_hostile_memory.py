@@ -23,9 +23,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 from openengine_gateway import pb
 
-from tests.ops.raw_h2 import raw_call
+from tests.ops.raw_h2 import frame, many_calls, raw_call
 from tests.ops.support import free_port
 from tests.process import GatewayProcess, gateway_process
 
@@ -65,7 +67,17 @@ def peak_resident(pid: int) -> Iterator[list[int]]:
         thread.join()
 
 
-def gzip_frame(message: pb.GenerateRequest) -> bytes:
+async def settled(pid: int, bound: int, within_s: float = 5.0) -> int:
+    """The process's resident memory once it is under ``bound``, or after ``within_s`` (memory comes back
+    as the calls' ends reach the server)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while (now := resident(pid)) >= bound and loop.time() < deadline:  # noqa: ASYNC110 (another process's memory)
+        await asyncio.sleep(0.1)
+    return now
+
+
+def gzip_frame(message: Message) -> bytes:
     """``message`` as one gzip-compressed gRPC frame (the flag byte 1), what an attacker sends."""
     data = gzip.compress(message.SerializeToString(), compresslevel=9)
     return b"\x01" + struct.pack(">I", len(data)) + data
@@ -178,3 +190,32 @@ def scrape(port: int) -> str:
     """The metrics page."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return str(response.read().decode())
+
+
+WATCH = "/grpc.health.v1.Health/Watch"
+
+
+def _watch(service: str) -> health_pb2.HealthCheckRequest:
+    return health_pb2.HealthCheckRequest(service=service)
+
+
+async def test_health_watches_are_bounded_per_connection_in_all_and_by_name(tmp_path: Path) -> None:
+    """No token needed: 200 Watch streams on one connection hold 16 (the rest RESOURCE_EXHAUSTED), and
+    a Watch whose service name is 20 MiB inflated (20 KiB of gzip) is INVALID_ARGUMENT and freed."""
+    async with command(tmp_path, "--max-health-watches", "24") as (process, port):
+        pid = process.process.pid
+        baseline = resident(pid)
+        first, statuses = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 200)
+        assert len(statuses) == 200 - 16 and set(statuses.values()) == {b"8"}, statuses
+        second, more = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 16)
+        assert len(more) == 8 and set(more.values()) == {b"8"}  # 24 in all
+        huge = gzip_frame(_watch("s" * (20 * MIB)))
+        with peak_resident(pid) as peak:
+            answers = [raw_call(port, WATCH, [(b"grpc-encoding", b"gzip")], huge) for _ in range(6)]
+        assert [a[b"grpc-status"] for a in answers] == [b"3"] * 6, answers[0]
+        for sock in (first, second):
+            sock.close()
+        after = await settled(pid, baseline + 60 * MIB)
+        assert await process.stop() == 0
+    assert peak[0] - baseline < 150 * MIB, (baseline // MIB, peak[0] // MIB)
+    assert after - baseline < 60 * MIB, (baseline // MIB, after // MIB)
