@@ -141,6 +141,12 @@ class CoreSettings(_Strict):
         gt=0,
         description="events a KV or runtime event subscriber may fall behind by before it is ended (retryable)",
     )
+    max_probes_per_s: Annotated[float, Flag("limits")] = Field(
+        default=1.0,
+        gt=0,
+        description="inference probes (Health with include_inference_probe) one caller, a token or else a client "
+        "address, may start per second, after a burst of 5; each also holds an in-flight slot while it runs",
+    )
     probe_timeout_s: float = Field(
         default=30.0,
         gt=0,

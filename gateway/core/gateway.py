@@ -117,13 +117,24 @@ class Gateway:
         probe_timeout, host = options.probe_timeout_s, options.advertise_host
         if siblings is None:
             self.lifecycle = LifecycleService(
-                engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+                engines,
+                self.registry,
+                self.state,
+                probe_timeout=probe_timeout,
+                probes_per_s=options.max_probes_per_s,
+                bounds=bounds,
             )
             self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=host)
             self.lora = LoraService(engines, loras, bounds=bounds)
         else:
             self.lifecycle = PeeredLifecycle(
-                siblings, engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+                siblings,
+                engines,
+                self.registry,
+                self.state,
+                probe_timeout=probe_timeout,
+                probes_per_s=options.max_probes_per_s,
+                bounds=bounds,
             )
             self.discovery = PeeredDiscovery(siblings, engines, instance_id=instance_id, advertise_host=host)
             self.lora = PeeredLora(siblings, engines, loras, bounds=bounds)

@@ -16,11 +16,15 @@ from ..spi.requests import ClassifyCall, EmbedCall, GenerationRequest, Stopping,
 from .audit import audit
 from .callers import current_caller
 from .health import engine_checks, worst
-from .registry import RequestRegistry
+from .rates import RateLimit
+from .registry import ActiveRequest, RequestRegistry
 from .results import health_message
 from .state import GatewayState
 
 log = logging.getLogger(__name__)
+
+PROBE_BURST = 5
+"""Inference probes one caller may start at once before its ``--max-probes-per-s`` rate applies."""
 
 
 class LifecycleService:
@@ -33,6 +37,7 @@ class LifecycleService:
         state: GatewayState,
         *,
         probe_timeout: float = 30.0,
+        probes_per_s: float = 1.0,
         drain_progress_interval: float = 0.5,
         bounds: FieldBounds = DEFAULT_BOUNDS,
     ) -> None:
@@ -40,6 +45,7 @@ class LifecycleService:
         self._registry = registry
         self._state = state
         self._probe_timeout = probe_timeout
+        self._probe_rate = RateLimit("inference probes", "--max-probes-per-s", probes_per_s, PROBE_BURST)
         self._bounds = bounds
         self._progress_interval = drain_progress_interval
         self._closed: EngineFailure | None = None
@@ -76,11 +82,22 @@ class LifecycleService:
             probed = selected if request.model else selected[:1]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
                 checks.extend(_role_check(engine, request.role, self._prefix(engine)) for engine in probed)
-            probes = await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed))
-            checks.extend(probes)
+            checks.extend(await self._probes(probed, request.model))
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
+
+    async def _probes(self, probed: list[Engine], model: str) -> list[pb.HealthCheck]:
+        """Probe each engine, admitted as one request of its caller (it holds a ``--max-in-flight`` slot, the
+        caller's per-token one and passes the memory budget) and within the caller's probe rate."""
+        caller = current_caller()
+        self._probe_rate.take(caller)
+        active = ActiveRequest(request_id=f"probe-{uuid.uuid4().hex}", kind="probe", model=model, owner=caller.name)
+        self._registry.admit(active)
+        try:
+            return list(await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed)))
+        finally:
+            self._registry.release(active, finished=False)
 
     def _prefix(self, engine: Engine) -> str:
         """What tells one engine's check messages from another's behind a shared endpoint."""

@@ -33,6 +33,7 @@ from tests.process import GatewayProcess, gateway_process
 
 MIB = 1024 * 1024
 ALICE = "alice-tok-1a2b3c"
+ROUTER = "router-tok-0d1e2f"
 LATENCY_RATIO = 30.0
 """How much slower a good client may get under an attack than idle (p90 of short Generates)."""
 LATENCY_FLOOR_S = 0.5
@@ -89,11 +90,14 @@ def _as(token: str) -> list[tuple[bytes, bytes]]:
 
 @contextlib.asynccontextmanager
 async def command(tmp_path: Path, *args: str) -> AsyncIterator[tuple[GatewayProcess, int]]:
-    """The real command with the mock and Alice's inference token; yields it and its port."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice {ALICE}\n")
-    tokens.chmod(0o600)
-    argv = ("--backend", "mock", "--served-model-name", "mock", "--auth-token-file", str(tokens), *args)
+    """The real command with the mock (5 ms a token), Alice's inference token and the router's observer
+    token; yields it and its port."""
+    for scope, line in (("inference", f"alice {ALICE}"), ("observer", f"router {ROUTER}")):
+        (tmp_path / scope).write_text(line + "\n")
+        (tmp_path / scope).chmod(0o600)
+    (tmp_path / "plugins.toml").write_text("[backends.mock]\ndecode_time_per_step_s = 0.005\n")
+    argv = ("--backend", "mock", "--served-model-name", "mock", "--auth-token-file", "inference")
+    argv += ("--observer-token-file", "observer", *args)
     async with gateway_process(*argv, cwd=tmp_path) as process:
         yield process, int(process.address.rsplit(":", 1)[1])
 
@@ -219,3 +223,34 @@ async def test_health_watches_are_bounded_per_connection_in_all_and_by_name(tmp_
         assert await process.stop() == 0
     assert peak[0] - baseline < 150 * MIB, (baseline // MIB, peak[0] // MIB)
     assert after - baseline < 60 * MIB, (baseline // MIB, after // MIB)
+
+
+async def test_inference_probes_are_admitted_like_requests_and_rate_limited(tmp_path: Path) -> None:
+    """An observer's probes hold an in-flight slot each (refused while Alice holds both), and past a
+    burst of 5 get RESOURCE_EXHAUSTED with the wait until the next."""
+    async with command(tmp_path, "--max-in-flight", "2") as (process, _):
+        async with grpc.aio.insecure_channel(process.address) as channel:
+            stub = pb.OpenEngineStub(channel)
+            probe = pb.HealthRequest(include_inference_probe=True)
+            router = (("authorization", f"Bearer {ROUTER}"),)
+            long = pb.GenerateRequest(model="mock", prompt="hi", stopping=pb.StoppingOptions(max_tokens=1000))
+            streams = [stub.Generate(long, metadata=(("authorization", f"Bearer {ALICE}"),)) for _ in range(2)]
+            for stream in streams:
+                await anext(aiter(stream))
+            with pytest.raises(grpc.aio.AioRpcError) as full:
+                await stub.Health(probe, metadata=router, timeout=10)
+            for stream in streams:
+                stream.cancel()
+            await asyncio.sleep(1.0)  # the cancelled streams' slots come back (and the probe bucket refills)
+            answers = []
+            for _ in range(8):
+                try:
+                    answers.append(pb.HealthState.Name((await stub.Health(probe, metadata=router, timeout=10)).state))
+                except grpc.aio.AioRpcError as error:
+                    answers.append(error.code().name)
+                    hint = dict(error.trailing_metadata() or ())
+        assert await process.stop() == 0
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "limit of 2 concurrent requests" in (full.value.details() or "")
+    assert answers[:4] == ["HEALTH_STATE_READY"] * 4 and answers[-2:] == ["RESOURCE_EXHAUSTED"] * 2, answers
+    assert 0 < int(hint["retry-after-ms"]) <= 1000
