@@ -199,3 +199,17 @@ async def test_the_command_logs_json_lines_and_serves_metrics(tmp_path: Path) ->
     assert any(e.get("request_id") == "proc-1" and e["message"] == "generate ended: finished" for e in lines), text
     assert any(e["message"] == "stopped" for e in lines)
     assert "d1stinct1ve" not in text
+
+
+def test_a_client_value_cannot_forge_a_text_line_or_send_escapes() -> None:
+    """A request id with a newline, a forged audit line and ANSI escapes stays on its one line, escaped."""
+    audit = "2026-01-01 00:00:00,000 INFO openengine_gateway.audit: audit: Drain by token 'operator'"
+    forged = f"r1\n{audit}\x1b[2J\x1b]0;x\x07"
+    with configured("text") as buffer:
+        logs.bind_request_id(forged)
+        logging.getLogger("openengine_gateway.core.generation").info("model '%s' not served", "m\r\nx\u2028y")
+        logs.bind_request_id("")
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "\x1b" not in lines[0] and "\x07" not in lines[0] and "\r" not in lines[0] and "\u2028" not in lines[0]
+    assert "[r1\\n2026-01-01" in lines[0] and "\\x1b[2J" in lines[0] and "'m\\r\\nx\\u2028y'" in lines[0]
