@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from .contract.bounds import DEFAULT_BOUNDS
+from .core.unread import PER_CALLER, PER_STREAM
 from .errors import ConfigurationError
 from .spi.backend import BackendSettings
 
@@ -87,6 +88,17 @@ class CoreSettings(_Strict):
         gt=0,
         description="resident memory budget of the gateway process in MiB: new requests, probes and streams are "
         "refused (RESOURCE_EXHAUSTED, retry-after-ms) from nine tenths of it (default: no budget)",
+    )
+    max_unread_per_stream: Annotated[int, Flag("limits")] = Field(
+        default=PER_STREAM,
+        gt=0,
+        description="tokens and candidates (one entry each) a Generate stream may hold unread for a slow client "
+        "before it is ended with OVERLOADED and aborted",
+    )
+    max_unread_per_caller: Annotated[int, Flag("limits")] = Field(
+        default=PER_CALLER,
+        gt=0,
+        description="the same over all streams of one caller (a token, or a client address without one)",
     )
     max_prompt_chars: Annotated[int | None, Flag("limits")] = Field(
         default=None, gt=0, description="characters of a text prompt or task input"

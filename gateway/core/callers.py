@@ -36,6 +36,12 @@ class Caller:
         return f"{who} from {self.peer or 'an unknown peer'}"
 
 
+def caller_key(caller: Caller) -> str:
+    """Whose share a call spends of a per-caller bound: its token's name, else its client's address
+    without the port (one share per host, not per connection)."""
+    return caller.name or caller.peer.rpartition(":")[0] or caller.peer
+
+
 ANYONE = Caller()
 """A caller with no identity that reaches everything: no tokens, or a call the core makes itself."""
 
@@ -52,4 +58,4 @@ def current_caller() -> Caller:
     return _CALLER.get()
 
 
-__all__ = ["ANYONE", "Caller", "bind_caller", "current_caller"]
+__all__ = ["ANYONE", "Caller", "bind_caller", "caller_key", "current_caller"]

@@ -35,6 +35,7 @@ from .registry import RequestRegistry
 from .state import GatewayState
 from .tasks import TaskService
 from .telemetry import Telemetry
+from .unread import UnreadLedger
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class Gateway:
             bounds=bounds,
             telemetry=self.telemetry,
             mirroring=self.mirroring,
+            unread=UnreadLedger(options.max_unread_per_stream, options.max_unread_per_caller),
         )
         self.tasks = TaskService(
             engines,

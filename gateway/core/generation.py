@@ -30,13 +30,14 @@ from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
-from .callers import current_caller
+from .callers import caller_key, current_caller
 from .lora import LoraRegistry
 from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
 from .stream_end import Ending, StreamEnd
 from .telemetry import StreamClock, Telemetry
+from .unread import UnreadLedger, UnreadMeter
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class GenerationService:
         bounds: FieldBounds = DEFAULT_BOUNDS,
         telemetry: Telemetry | None = None,
         mirroring: Mirroring | None = None,
+        unread: UnreadLedger | None = None,
     ) -> None:
         self._engines = engines
         self._registry = registry
@@ -69,6 +71,7 @@ class GenerationService:
         self._bounds = bounds
         self._telemetry = telemetry
         self._mirroring = mirroring
+        self._unread = unread or UnreadLedger()
 
     def prepare(self, request: pb.GenerateRequest) -> tuple[Route, Engine, GenerationRequest]:
         """Route and validate (pre-acceptance); raises ``RequestError``. A split's request is checked
@@ -108,7 +111,7 @@ class GenerationService:
         )
         self._registry.admit(active)
         try:
-            events, encoder = self._open(engine, parsed, active)
+            events, encoder, meter = self._open(engine, parsed, active)
         except BaseException:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
@@ -129,16 +132,20 @@ class GenerationService:
         finally:
             active.ended = True
             ending = self._close(engine, active, events, end)
+            meter.close()
             if copy is not None:
                 copy.primary_ended(finished=ending is Ending.FINISHED)
 
     def _open(
         self, engine: Engine, parsed: GenerationRequest, active: ActiveRequest
-    ) -> tuple[EventStream, GenerateEncoder]:
-        """Start the driver's stream and wire the request's abort and failure paths to it."""
+    ) -> tuple[EventStream, GenerateEncoder, UnreadMeter]:
+        """Start the driver's stream and wire the request's abort and failure paths, and its meter of
+        unread tokens, to it."""
         events = engine.backend.generate(parsed)
         active.stop = lambda _reason: self._stop(engine, active, events)
         active.on_failure = events.fail
+        overflow = lambda: abort_in_engine(self._background, engine, active)  # noqa: E731 (one line)
+        events.meter = meter = self._unread.meter(caller_key(current_caller()), overflow)
         prefill = engine.role == pb.ENGINE_ROLE_PREFILL
         if prefill:
             events.on_abandoned = lambda session: self._release(engine, session.session_id)
@@ -148,7 +155,7 @@ class GenerationService:
             prefill=prefill,
             prompt_logprobs=parsed.prompt_logprobs is not None,
         )
-        return events, encoder
+        return events, encoder, meter
 
     def _close(self, engine: Engine, active: ActiveRequest, events: EventStream, end: StreamEnd) -> Ending:
         """Free what the stream held, as the way it ended requires; returns how it ended."""

@@ -9,15 +9,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..errors import ResourceExhausted
-from .callers import Caller
+from .callers import Caller, caller_key
 
 _MAX_CALLERS = 65536
 """Buckets kept at most, the least recently used dropped first (a dropped bucket starts full again)."""
-
-
-def caller_key(caller: Caller) -> str:
-    """A token's name, else the client's address without its port (one bucket per host, not per connection)."""
-    return caller.name or caller.peer.rpartition(":")[0] or caller.peer
 
 
 class RateLimit:
@@ -50,4 +45,4 @@ class RateLimit:
             self._buckets.popitem(last=False)
 
 
-__all__ = ["RateLimit", "caller_key"]
+__all__ = ["RateLimit"]

@@ -17,6 +17,7 @@ import gzip
 import statistics
 import struct
 import threading
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from openengine_gateway import pb
 
-from tests.ops.raw_h2 import frame, many_calls, raw_call
+from tests.ops.raw_h2 import frame, many_calls, never_reading, raw_call
 from tests.ops.support import free_port
 from tests.process import GatewayProcess, gateway_process
 
@@ -89,13 +90,13 @@ def _as(token: str) -> list[tuple[bytes, bytes]]:
 
 
 @contextlib.asynccontextmanager
-async def command(tmp_path: Path, *args: str) -> AsyncIterator[tuple[GatewayProcess, int]]:
-    """The real command with the mock (5 ms a token), Alice's inference token and the router's observer
+async def command(tmp_path: Path, *args: str, decode_s: float = 0.005) -> AsyncIterator[tuple[GatewayProcess, int]]:
+    """The real command with the mock (``decode_s`` a token), Alice's inference token and the router's observer
     token; yields it and its port."""
     for scope, line in (("inference", f"alice {ALICE}"), ("observer", f"router {ROUTER}")):
         (tmp_path / scope).write_text(line + "\n")
         (tmp_path / scope).chmod(0o600)
-    (tmp_path / "plugins.toml").write_text("[backends.mock]\ndecode_time_per_step_s = 0.005\n")
+    (tmp_path / "plugins.toml").write_text(f"[backends.mock]\ndecode_time_per_step_s = {decode_s}\n")
     argv = ("--backend", "mock", "--served-model-name", "mock", "--auth-token-file", "inference")
     argv += ("--observer-token-file", "observer", *args)
     async with gateway_process(*argv, cwd=tmp_path) as process:
@@ -254,3 +255,42 @@ async def test_inference_probes_are_admitted_like_requests_and_rate_limited(tmp_
     assert "limit of 2 concurrent requests" in (full.value.details() or "")
     assert answers[:4] == ["HEALTH_STATE_READY"] * 4 and answers[-2:] == ["RESOURCE_EXHAUSTED"] * 2, answers
     assert 0 < int(hint["retry-after-ms"]) <= 1000
+
+
+def _greedy_reader_request(n: int) -> pb.GenerateRequest:
+    """1 KiB asking for the most a client can: 8 sequences of 1,024 tokens, every candidate's logprob."""
+    return pb.GenerateRequest(
+        request_id=f"never-reads-{n}",
+        model="mock",
+        prompt="hi",
+        sampling=pb.SamplingParams(num_sequences=8, temperature=1.0),
+        stopping=pb.StoppingOptions(max_tokens=1024, ignore_eos=True),
+        response=pb.ResponseOptions(output_candidates=pb.CandidateTokenSelection(all=pb.AllCandidates())),
+    )
+
+
+async def test_never_reading_clients_hold_a_bounded_amount_that_comes_back(tmp_path: Path) -> None:
+    """Four requests that are never read, twice: they end OVERLOADED at their caller's unread bound (262,144
+    entries, about 35 MiB; their engine work aborted) instead of pinning what they asked for (about 270 MiB
+    each), and what the first round held is reused by the second rather than added to it."""
+    path = f"/{pb.SERVICE_NAME}/Generate"
+    async with command(tmp_path, "--max-unread-per-caller", "262144", decode_s=0.0) as (process, port):
+        pid = process.process.pid
+        baseline = resident(pid)
+        rounds: list[tuple[int, float, float, list[str]]] = []
+
+        def attack() -> None:
+            sockets = [never_reading(port, path, frame(_greedy_reader_request(n)), _as(ALICE)) for n in range(4)]
+            time.sleep(3.0)
+            for sock in sockets:
+                sock.close()
+
+        with peak_resident(pid) as peak:
+            for _ in range(2):
+                idle, attacked, codes = await under_attack(process.address, attack, 3.0)
+                rounds.append((await settled(pid, baseline + 60 * MIB), idle, attacked, codes))
+        assert await process.stop() == 0
+    (first, *_), (second, idle, attacked, codes) = rounds
+    assert peak[0] - baseline < 100 * MIB, (baseline // MIB, peak[0] // MIB)
+    assert second - first < 40 * MIB, (baseline // MIB, first // MIB, second // MIB)
+    assert_unharmed(idle, attacked, codes)

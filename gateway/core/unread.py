@@ -1,0 +1,81 @@
+"""What slow or absent readers may make the gateway hold: unread tokens, per stream and per caller.
+
+A Generate stream whose client reads slower than the engine generates holds the tokens it has not
+read (``spi.events.EventStream`` coalesces them into one pending message per output), each with its
+candidates. A client that never reads would hold a whole request's worth: 8 sequences of 1,024
+tokens with every candidate's logprob pinned about 270 MiB. As Envoy's per-stream buffer limit
+does, a stream past its bound is ended: the stream's pending tokens are dropped, its client gets
+an ``OVERLOADED`` error (if it ever reads), its engine aborts the request at once. The cost is
+counted in entries, one per token and one per candidate, about 130 bytes each.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from .. import pb
+from ..errors import EngineFailure
+
+PER_STREAM = 262_144
+"""The default bound of one stream (``--max-unread-per-stream``): about 35 MiB; 8 sequences of 1,024 tokens
+with 31 candidates each fit it."""
+PER_CALLER = 1_048_576
+"""The default bound of one caller's streams together (``--max-unread-per-caller``): about 135 MiB."""
+
+
+class UnreadLedger:
+    """Unread entries held per caller (``callers.caller_key``), and the bounds: ``per_stream`` and
+    ``per_caller`` (over all of a caller's streams)."""
+
+    def __init__(self, per_stream: int = PER_STREAM, per_caller: int = PER_CALLER) -> None:
+        self.per_stream = per_stream
+        self.per_caller = per_caller
+        self.by_caller: Counter[str] = Counter()
+
+    def meter(self, caller: str, on_overflow: Callable[[], object]) -> UnreadMeter:
+        """A meter for one stream of ``caller``; ``on_overflow`` runs when it passes a bound."""
+        return UnreadMeter(self, caller, on_overflow)
+
+
+class UnreadMeter:
+    """One stream's unread entries (``EventStream.meter``): the stream calls it with each change."""
+
+    __slots__ = ("_caller", "_ledger", "_on_overflow", "held")
+
+    def __init__(self, ledger: UnreadLedger, caller: str, on_overflow: Callable[[], object]) -> None:
+        self._ledger = ledger
+        self._caller = caller
+        self._on_overflow = on_overflow
+        self.held = 0
+
+    def __call__(self, delta: int) -> EngineFailure | None:
+        """Count ``delta`` entries (negative once read); the failure that ends the stream past a bound."""
+        ledger = self._ledger
+        self.held += delta
+        ledger.by_caller[self._caller] += delta
+        if delta <= 0:
+            return None
+        if self.held > ledger.per_stream:
+            where = f"this stream's bound of {ledger.per_stream} (--max-unread-per-stream)"
+        elif ledger.by_caller[self._caller] > ledger.per_caller:
+            where = f"this caller's bound of {ledger.per_caller} over all its streams (--max-unread-per-caller)"
+        else:
+            return None
+        self._on_overflow()
+        return EngineFailure(
+            pb.ERROR_CODE_OVERLOADED,
+            f"the client read too slowly: its unread tokens and candidates passed {where}",
+            retryable=True,
+        )
+
+    def close(self) -> None:
+        """The stream ended: what it held is freed."""
+        ledger = self._ledger
+        ledger.by_caller[self._caller] -= self.held
+        if ledger.by_caller[self._caller] <= 0:
+            del ledger.by_caller[self._caller]
+        self.held = 0
+
+
+__all__ = ["PER_CALLER", "PER_STREAM", "UnreadLedger", "UnreadMeter"]
