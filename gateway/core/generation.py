@@ -30,7 +30,7 @@ from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
-from .callers import caller_key, current_caller
+from .callers import caller_key, current_caller, scoped_id
 from .lora import LoraRegistry
 from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
@@ -101,13 +101,17 @@ class GenerationService:
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """The response stream of one Generate call."""
         route, engine, parsed = self.prepare(request)
+        owner = current_caller().name
+        client_id = parsed.request_id
+        parsed = dataclasses.replace(parsed, request_id=scoped_id(owner, client_id))  # what the engine knows
         bind_request_id(parsed.request_id)
         active = ActiveRequest(
             parsed.request_id,
             "generate",
             engine.served_name,
+            client_id=client_id,
             kv_session_id=parsed.kv_session.session_id if parsed.kv_session else None,
-            owner=current_caller().name,
+            owner=owner,
         )
         self._registry.admit(active)
         try:
@@ -150,7 +154,7 @@ class GenerationService:
         if prefill:
             events.on_abandoned = lambda session: self._release(engine, session.session_id)
         encoder = GenerateEncoder(
-            parsed.request_id,
+            active.client_id,
             num_outputs=parsed.sampling.num_sequences,
             prefill=prefill,
             prompt_logprobs=parsed.prompt_logprobs is not None,

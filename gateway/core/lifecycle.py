@@ -182,16 +182,14 @@ class LifecycleService:
         if not request_id:
             raise InvalidArgument("abort request_id must be non-empty")
         caller = current_caller()
-        active = self._registry.get(request_id)
-        if active is not None and not caller.reaches(active.owner):
-            active = None
+        active = self._registry.find(request_id, caller)
         if active is not None and not active.ended:
             engine = self._engines.engine(active.model)
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")
             return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {clip(request_id)} aborted")
-        if active is not None or self._registry.recently_finished(request_id, caller.reaches):
+        if active is not None or self._registry.finished(request_id, caller):
             return pb.AbortResponse(
                 status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {clip(request_id)} already finished"
             )

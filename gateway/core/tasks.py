@@ -9,6 +9,7 @@ is returned. Unary calls have no error event: every failure is a non-OK status.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
@@ -21,10 +22,10 @@ from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
 from ..errors import Cancelled, Internal, RequestError, Unavailable, as_status_error, clip
 from ..logs import bind_request_id
-from ..spi.requests import TaskContext
+from ..spi.requests import ClassifyCall, EmbedCall, ScoreCall, TaskContext
 from .aborts import abort_then_release
 from .background import BackgroundTasks
-from .callers import current_caller
+from .callers import current_caller, scoped_id
 from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .results import classify_messages, embed_messages, score_messages
@@ -34,7 +35,7 @@ from .telemetry import Telemetry, outcome
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 U = TypeVar("U")
-C = TypeVar("C")
+C = TypeVar("C", EmbedCall, ClassifyCall, ScoreCall)
 
 
 class TaskService:
@@ -83,32 +84,41 @@ class TaskService:
         engine = route.pick(metadata=context.metadata, down=self._state.engines_down)
         check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
-        return engine, call
+        scoped = scoped_id(current_caller().name, call.context.request_id)  # what the engine knows
+        return engine, dataclasses.replace(call, context=dataclasses.replace(call.context, request_id=scoped))
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.embed(call), embed_messages)
-        return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
+        response = _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
         outputs, usage = await self._run(engine, call.context, engine.backend.classify(call), classify_messages)
-        return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
+        response = _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
         engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
         result, usage = await self._run(engine, call.context, engine.backend.score(call), score_messages)
-        return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
+        response = _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T], encode: Callable[[T], U]) -> U:
         """Admit, run abortably, encode the driver's result, and turn any failure into a status."""
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
-            active = ActiveRequest(context.request_id, "task", engine.served_name, owner=current_caller().name)
+            owner = current_caller().name
+            client_id = context.request_id.removeprefix(f"{owner}/") if owner is not None else context.request_id
+            active = ActiveRequest(context.request_id, "task", engine.served_name, client_id=client_id, owner=owner)
             self._registry.admit(active)
         except BaseException:
             _close(work)
@@ -126,7 +136,7 @@ class TaskService:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
                 if active.aborted:
-                    raise Cancelled(f"request {clip(context.request_id)} was aborted: {active.abort_reason}") from None
+                    raise Cancelled(f"request {clip(active.client_id)} was aborted: {active.abort_reason}") from None
                 if active.failure is not None:
                     failed = True
                     raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None
