@@ -151,7 +151,7 @@ async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path) 
     async with command(tmp_path) as (process, port):
         pid = process.process.pid
         baseline = resident(pid)
-        answers: list[bytes] = []
+        answers: list[tuple[bytes, bytes]] = []
 
         def attack() -> None:
             for headers in (_as(ALICE), []):
@@ -293,4 +293,35 @@ async def test_never_reading_clients_hold_a_bounded_amount_that_comes_back(tmp_p
     (first, *_), (second, idle, attacked, codes) = rounds
     assert peak[0] - baseline < 100 * MIB, (baseline // MIB, peak[0] // MIB)
     assert second - first < 40 * MIB, (baseline // MIB, first // MIB, second // MIB)
+    assert_unharmed(idle, attacked, codes)
+
+
+async def test_costly_guided_patterns_are_refused_before_work_and_stall_no_one(tmp_path: Path) -> None:
+    """The mock's regex guides: a nested repetition is refused by its cost bound before any match runs, and
+    a long literal (whose first match takes ~20 ms, uninterrupted) is checked off the event loop."""
+    path = f"/{pb.SERVICE_NAME}/Generate"
+    patterns = ("(a|aa){30}((a|aa)*)*c", "x" * 512)
+    answers: list[bytes] = []
+
+    def attack() -> None:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            for pattern in patterns:
+                request = pb.GenerateRequest(
+                    model="mock",
+                    prompt="hi",
+                    sampling=pb.SamplingParams(num_sequences=8),
+                    stopping=pb.StoppingOptions(max_tokens=1),
+                    guided=pb.GuidedDecoding(regex=pattern),
+                )
+                answer = raw_call(port, path, _as(ALICE), frame(request), timeout_s=10)
+                answers.append((answer.get(b"grpc-status", b""), answer.get(b"grpc-message", b"")))
+
+    async with command(tmp_path) as (process, port):
+        idle, attacked, codes = await under_attack(process.address, attack, 2.5)
+        assert await process.stop() == 0
+    nested, literal = answers[::2], answers[1::2]
+    assert {status for status, _ in nested} == {b"3"}  # INVALID_ARGUMENT, every time
+    assert b"repeats a repetition without bound" in nested[0][1], nested[0]
+    assert {status for status, _ in literal} == {b"0"}
     assert_unharmed(idle, attacked, codes)
