@@ -365,6 +365,7 @@ def _server_options(section: GatewaySection) -> ServerOptions:
         host=host,
         port=section.port,
         max_message_bytes=section.max_message_bytes,
+        max_streams_per_connection=section.max_streams_per_connection,
         max_health_watches=section.max_health_watches,
         max_health_watches_per_connection=section.max_health_watches_per_connection,
         tls=tls,

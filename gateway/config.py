@@ -194,6 +194,12 @@ class GatewaySection(CoreSettings):
     max_message_bytes: Annotated[int, Flag("limits")] = Field(
         default=64 * 1024 * 1024, gt=0, description="bytes of one gRPC message"
     )
+    max_streams_per_connection: Annotated[int, Flag("limits")] = Field(
+        default=4096,
+        gt=0,
+        description="HTTP/2 streams open at once on one connection, reset ones included until released: what a "
+        "rapid-reset flood can hold (lower it, to 256 say, where clients keep fewer streams per connection)",
+    )
     max_health_watches: Annotated[int, Flag("limits")] = Field(
         default=4096, gt=0, description="grpc.health.v1 Watch streams open at once (they need no token)"
     )

