@@ -98,7 +98,7 @@ class CoreSettings(_Strict):
     max_unread_per_caller: Annotated[int, Flag("limits")] = Field(
         default=PER_CALLER,
         gt=0,
-        description="the same over all streams of one caller (a token, or a client address without one)",
+        description="the same over all streams of one caller (a token, or a connection without one)",
     )
     max_prompt_chars: Annotated[int | None, Flag("limits")] = Field(
         default=None, gt=0, description="characters of a text prompt or task input"

@@ -30,7 +30,7 @@ from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
-from .callers import caller_key, current_caller, scoped_id
+from .callers import current_caller, scoped_id
 from .lora import LoraRegistry
 from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
@@ -149,7 +149,8 @@ class GenerationService:
         active.stop = lambda _reason: self._stop(engine, active, events)
         active.on_failure = events.fail
         overflow = lambda: abort_in_engine(self._background, engine, active)  # noqa: E731 (one line)
-        events.meter = meter = self._unread.meter(caller_key(current_caller()), overflow)
+        caller = current_caller()  # a token's streams share its bound; without a token, a connection's do
+        events.meter = meter = self._unread.meter(caller.name or caller.peer, overflow)
         prefill = engine.role == pb.ENGINE_ROLE_PREFILL
         if prefill:
             events.on_abandoned = lambda session: self._release(engine, session.session_id)

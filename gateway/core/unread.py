@@ -25,8 +25,8 @@ PER_CALLER = 1_048_576
 
 
 class UnreadLedger:
-    """Unread entries held per caller (``callers.caller_key``), and the bounds: ``per_stream`` and
-    ``per_caller`` (over all of a caller's streams)."""
+    """Unread entries held per caller (a token's name, or else a connection: one host may serve many
+    anonymous users), and the bounds: ``per_stream`` and ``per_caller`` (over all of a caller's streams)."""
 
     def __init__(self, per_stream: int = PER_STREAM, per_caller: int = PER_CALLER) -> None:
         self.per_stream = per_stream
