@@ -65,7 +65,7 @@ def failing_backend() -> FakeBackend:
     fail = scripted(error=RuntimeError("boom in the driver"))
 
     def generate(request: GenerationRequest) -> Any:
-        return (succeed if request.request_id == "ok" else fail)(request)
+        return (succeed if request.request_id.rpartition("/")[2] == "ok" else fail)(request)  # a token's: NAME/ID
 
     async def embed(_call: EmbedCall) -> Any:
         raise RuntimeError("embed broke in the driver")
@@ -153,7 +153,7 @@ async def test_no_token_reaches_a_log_line_or_a_status(caplog: pytest.LogCapture
                 details.append(failed.value.details() or "")
     assert len(details) == 6  # two valid presentations reached Generate; every other call was refused
     captured = buffer.getvalue()
-    assert "generate ended: finished" in captured and "task e failed" in captured  # the buffer saw the calls
+    assert "generate ended: finished" in captured and "task inference-1/e failed" in captured  # the calls, by NAME/ID
     for where in (captured, caplog.text, *details):
         assert "d1stinct1ve" not in where
 
@@ -196,7 +196,8 @@ async def test_the_command_logs_json_lines_and_serves_metrics(tmp_path: Path) ->
     assert 'openengine_gateway_requests_total{code="UNAUTHENTICATED",rpc="GetLoad"} 1.0' in page
     text = process.log.read_text()
     lines = entries(io.StringIO(text))
-    assert any(e.get("request_id") == "proc-1" and e["message"] == "generate ended: finished" for e in lines), text
+    ended = [e for e in lines if e["message"] == "generate ended: finished"]
+    assert any(e.get("request_id") == "inference-1/proc-1" for e in ended), text  # namespaced by its token
     assert any(e["message"] == "stopped" for e in lines)
     assert "d1stinct1ve" not in text
 
