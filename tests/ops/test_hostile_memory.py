@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from openengine_gateway import pb
 
+from tests.ops.conftest import Figures
 from tests.ops.raw_h2 import frame, many_calls, never_reading, rapid_reset, raw_call
 from tests.ops.support import free_port
 from tests.process import GatewayProcess, gateway_process
@@ -85,6 +86,10 @@ def gzip_frame(message: Message) -> bytes:
     return b"\x01" + struct.pack(">I", len(data)) + data
 
 
+def _mib(*values: int) -> str:
+    return " / ".join(str(value // MIB) for value in values)
+
+
 def _as(token: str) -> list[tuple[bytes, bytes]]:
     return [(b"authorization", f"Bearer {token}".encode())]
 
@@ -134,12 +139,16 @@ async def under_attack(address: str, attack: Callable[[], object], seconds: floa
     return idle, attacked, codes
 
 
-def assert_unharmed(idle: float, attacked: float, codes: Sequence[str]) -> None:
+def assert_unharmed(figures: Figures, attack: str, idle: float, attacked: float, codes: Sequence[str]) -> None:
+    """No status but OK for the good client, and its p90 within the ratio (recorded in the figures)."""
+    figures.record(
+        f"hostile memory: {attack}, good client p90 idle / attacked", f"{idle * 1000:.1f} / {attacked * 1000:.1f} ms"
+    )
     assert not codes, codes  # never CANCELLED, never refused
     assert attacked <= max(LATENCY_RATIO * idle, LATENCY_FLOOR_S), (idle, attacked)
 
 
-async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path) -> None:
+async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path, figures: Figures) -> None:
     """40 MiB inflated from 40 KiB of gzip, refused (an unknown model with a valid token, and no
     token at all): each refused request is freed when its call ends, not at the cycle collector's
     next pass, so eight in a row leave the process where it started."""
@@ -163,9 +172,10 @@ async def test_refused_compressed_requests_leave_nothing_behind(tmp_path: Path) 
         after = resident(pid)
         assert await process.stop() == 0
     assert answers == [b"5"] * 4 + [b"16"] * 4  # NOT_FOUND, then UNAUTHENTICATED
+    figures.record("hostile memory: refused gzip requests, MiB baseline / peak / after", _mib(baseline, peak[0], after))
     assert peak[0] - baseline < 200 * MIB, (baseline // MIB, peak[0] // MIB)
     assert after - baseline < 100 * MIB, (baseline // MIB, after // MIB)
-    assert_unharmed(idle, attacked, codes)
+    assert_unharmed(figures, "refused gzip requests", idle, attacked, codes)
 
 
 async def test_past_the_memory_budget_new_work_is_shed_and_the_metrics_say_so(tmp_path: Path) -> None:
@@ -269,7 +279,7 @@ def _greedy_reader_request(n: int) -> pb.GenerateRequest:
     )
 
 
-async def test_never_reading_clients_hold_a_bounded_amount_that_comes_back(tmp_path: Path) -> None:
+async def test_never_reading_clients_hold_a_bounded_amount_that_comes_back(tmp_path: Path, figures: Figures) -> None:
     """Four requests that are never read, twice: they end OVERLOADED at their caller's unread bound (262,144
     entries, about 35 MiB; their engine work aborted) instead of pinning what they asked for (about 270 MiB
     each), and what the first round held is reused by the second rather than added to it."""
@@ -291,12 +301,18 @@ async def test_never_reading_clients_hold_a_bounded_amount_that_comes_back(tmp_p
                 rounds.append((await settled(pid, baseline + 60 * MIB), idle, attacked, codes))
         assert await process.stop() == 0
     (first, *_), (second, idle, attacked, codes) = rounds
+    figures.record(
+        "hostile memory: never-reading clients, MiB baseline / peak / after 1 / after 2",
+        _mib(baseline, peak[0], first, second),
+    )
     assert peak[0] - baseline < 100 * MIB, (baseline // MIB, peak[0] // MIB)
     assert second - first < 40 * MIB, (baseline // MIB, first // MIB, second // MIB)
-    assert_unharmed(idle, attacked, codes)
+    assert_unharmed(figures, "never-reading clients", idle, attacked, codes)
 
 
-async def test_costly_guided_patterns_are_refused_before_work_and_stall_no_one(tmp_path: Path) -> None:
+async def test_costly_guided_patterns_are_refused_before_work_and_stall_no_one(
+    tmp_path: Path, figures: Figures
+) -> None:
     """The mock's regex guides: a nested repetition is refused by its cost bound before any match runs, and
     a long literal (whose first match takes ~20 ms, uninterrupted) is checked off the event loop."""
     path = f"/{pb.SERVICE_NAME}/Generate"
@@ -324,10 +340,10 @@ async def test_costly_guided_patterns_are_refused_before_work_and_stall_no_one(t
     assert {status for status, _ in nested} == {b"3"}  # INVALID_ARGUMENT, every time
     assert b"repeats a repetition without bound" in nested[0][1], nested[0]
     assert {status for status, _ in literal} == {b"0"}
-    assert_unharmed(idle, attacked, codes)
+    assert_unharmed(figures, "costly guided patterns", idle, attacked, codes)
 
 
-async def test_a_rapid_reset_flood_cancels_no_good_client(tmp_path: Path) -> None:
+async def test_a_rapid_reset_flood_cancels_no_good_client(tmp_path: Path, figures: Figures) -> None:
     """HEADERS and RST_STREAM, again and again, on one connection (CVE-2023-44487), with the streams of one
     connection bounded at 256: grpc refuses the flood's streams past it without handing them to Python, and a
     good client on another connection never sees CANCELLED and keeps its latency within the ratio (p90 0.64 s
@@ -340,4 +356,4 @@ async def test_a_rapid_reset_flood_cancels_no_good_client(tmp_path: Path) -> Non
             process.address, lambda: opened.append(rapid_reset(port, path, body, 4.0, _as(ALICE))), 4.0
         )
         assert await process.stop() == 0
-    assert_unharmed(idle, attacked, codes)
+    assert_unharmed(figures, "rapid reset", idle, attacked, codes)
