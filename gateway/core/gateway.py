@@ -146,6 +146,7 @@ class Gateway:
             kv_replay_batches=options.kv_replay_batches,
             subscriber_queue=options.subscriber_queue,
             max_subscriptions=options.max_subscriptions,
+            memory=self.registry.memory,
         )
         self.monitor = EngineMonitor(engines, self.registry, self.state, interval_s=options.health_poll_s)
         self._monitor_task: asyncio.Task[None] | None = None

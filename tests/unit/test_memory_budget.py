@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from openengine_gateway.core.background import BackgroundTasks
+from openengine_gateway.core.events import EventService
 from openengine_gateway.core.memory import MemoryBudget, resident_bytes
 from openengine_gateway.core.registry import ActiveRequest, RequestRegistry
 from openengine_gateway.errors import ResourceExhausted
+
+from tests.fakes import FakeBackend, engine_set
 
 MIB = 2**20
 
@@ -35,3 +39,10 @@ def test_the_registry_checks_the_budget_at_admission_and_admits_nothing_past_it(
     with pytest.raises(ResourceExhausted):
         registry.admit(ActiveRequest("r", "generate", "m"))
     assert len(registry) == 0 and registry.memory.shed == 1
+
+
+def test_an_event_subscription_is_shed_past_the_budget_too() -> None:
+    budget = MemoryBudget(100 * MIB, read=lambda: 95 * MIB)
+    events = EventService(engine_set(FakeBackend()), BackgroundTasks(), memory=budget)
+    with pytest.raises(ResourceExhausted, match="a new event subscription is refused"):
+        events._check_capacity()
