@@ -188,6 +188,7 @@ class GatewayServer:
             max_watches_per_connection=options.max_health_watches_per_connection,
             memory=gateway.registry.memory,
         )
+        self.metrics.gauge("health_watches", "Open grpc.health.v1 Watch streams", lambda: self._health.watches)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (pb.SERVICE_NAME, routes_pb.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server

@@ -24,6 +24,7 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_resident_memory_bytes              the process's memory in use (what the budget checks)
     openengine_gateway_memory_budget_bytes                ``--max-memory-mib`` (absent without a budget)
     openengine_gateway_memory_shed_total                  new work refused for memory (RESOURCE_EXHAUSTED)
+    openengine_gateway_health_watches                     open grpc.health.v1 Watch streams (``health_watch``)
 
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
 
@@ -39,7 +40,7 @@ Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shado
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -77,6 +78,10 @@ class MetricsExporter:
         )
         self.registry.register(_GatewayCollector(gateway, tuple(token_names)))
         self._http: MetricsServer | None = None
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Expose ``read()`` at scrape time as the gauge ``openengine_gateway_NAME`` (state the server keeps)."""
+        self.registry.register(_Gauge(f"{PREFIX}_{name}", documentation, read))
 
     def rpc_finished(self, rpc: str, code: str, token: str | None = None) -> None:
         """Count one finished RPC, and by its token's name when it had one (the interceptor's callback)."""
@@ -131,6 +136,14 @@ class MetricsServer:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
+
+class _Gauge(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._documentation, self._read())
 
 
 class _GatewayCollector(Collector):

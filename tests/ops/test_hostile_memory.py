@@ -217,13 +217,15 @@ def _watch(service: str) -> health_pb2.HealthCheckRequest:
 async def test_health_watches_are_bounded_per_connection_in_all_and_by_name(tmp_path: Path) -> None:
     """No token needed: 200 Watch streams on one connection hold 16 (the rest RESOURCE_EXHAUSTED), and
     a Watch whose service name is 20 MiB inflated (20 KiB of gzip) is INVALID_ARGUMENT and freed."""
-    async with command(tmp_path, "--max-health-watches", "24") as (process, port):
+    metrics = free_port()
+    async with command(tmp_path, "--max-health-watches", "24", "--metrics-port", str(metrics)) as (process, port):
         pid = process.process.pid
         baseline = resident(pid)
         first, statuses = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 200)
         assert len(statuses) == 200 - 16 and set(statuses.values()) == {b"8"}, statuses
         second, more = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 16)
         assert len(more) == 8 and set(more.values()) == {b"8"}  # 24 in all
+        assert "openengine_gateway_health_watches 24.0" in await asyncio.to_thread(scrape, metrics)
         huge = gzip_frame(_watch("s" * (20 * MIB)))
         with peak_resident(pid) as peak:
             answers = [raw_call(port, WATCH, [(b"grpc-encoding", b"gzip")], huge) for _ in range(6)]
