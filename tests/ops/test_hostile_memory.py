@@ -221,9 +221,9 @@ async def test_health_watches_are_bounded_per_connection_in_all_and_by_name(tmp_
     async with command(tmp_path, "--max-health-watches", "24", "--metrics-port", str(metrics)) as (process, port):
         pid = process.process.pid
         baseline = resident(pid)
-        first, statuses = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 200)
+        first, statuses = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 200, settle_s=2.0)
         assert len(statuses) == 200 - 16 and set(statuses.values()) == {b"8"}, statuses
-        second, more = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 16)
+        second, more = await asyncio.to_thread(many_calls, port, WATCH, frame(_watch("")), 16, settle_s=2.0)
         assert len(more) == 8 and set(more.values()) == {b"8"}  # 24 in all
         assert "openengine_gateway_health_watches 24.0" in await asyncio.to_thread(scrape, metrics)
         huge = gzip_frame(_watch("s" * (20 * MIB)))
