@@ -11,7 +11,6 @@ counted in entries, one per token and one per candidate, about 130 bytes each.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 
 from .. import pb
@@ -31,34 +30,51 @@ class UnreadLedger:
     def __init__(self, per_stream: int = PER_STREAM, per_caller: int = PER_CALLER) -> None:
         self.per_stream = per_stream
         self.per_caller = per_caller
-        self.by_caller: Counter[str] = Counter()
+        self._callers: dict[str, list[int]] = {}
+        """Caller -> [entries its streams hold, its open streams]: one cell its meters share."""
+
+    @property
+    def by_caller(self) -> dict[str, int]:
+        """Entries held unread per caller with a stream open."""
+        return {caller: cell[0] for caller, cell in self._callers.items()}
 
     def meter(self, caller: str, on_overflow: Callable[[], object]) -> UnreadMeter:
         """A meter for one stream of ``caller``; ``on_overflow`` runs when it passes a bound."""
-        return UnreadMeter(self, caller, on_overflow)
+        cell = self._callers.setdefault(caller, [0, 0])
+        cell[1] += 1
+        return UnreadMeter(self, caller, cell, on_overflow)
+
+    def _closed(self, caller: str, cell: list[int], held: int) -> None:
+        cell[0] -= held
+        cell[1] -= 1
+        if not cell[1]:
+            del self._callers[caller]
 
 
 class UnreadMeter:
     """One stream's unread entries (``EventStream.meter``): the stream calls it with each change."""
 
-    __slots__ = ("_caller", "_ledger", "_on_overflow", "held")
+    __slots__ = ("_caller", "_cell", "_ledger", "_on_overflow", "_open", "held")
 
-    def __init__(self, ledger: UnreadLedger, caller: str, on_overflow: Callable[[], object]) -> None:
+    def __init__(self, ledger: UnreadLedger, caller: str, cell: list[int], on_overflow: Callable[[], object]) -> None:
         self._ledger = ledger
         self._caller = caller
+        self._cell = cell
         self._on_overflow = on_overflow
+        self._open = True
         self.held = 0
 
     def __call__(self, delta: int) -> EngineFailure | None:
         """Count ``delta`` entries (negative once read); the failure that ends the stream past a bound."""
-        ledger = self._ledger
         self.held += delta
-        ledger.by_caller[self._caller] += delta
+        cell = self._cell
+        cell[0] += delta
         if delta <= 0:
             return None
+        ledger = self._ledger
         if self.held > ledger.per_stream:
             where = f"this stream's bound of {ledger.per_stream} (--max-unread-per-stream)"
-        elif ledger.by_caller[self._caller] > ledger.per_caller:
+        elif cell[0] > ledger.per_caller:
             where = f"this caller's bound of {ledger.per_caller} over all its streams (--max-unread-per-caller)"
         else:
             return None
@@ -70,12 +86,11 @@ class UnreadMeter:
         )
 
     def close(self) -> None:
-        """The stream ended: what it held is freed."""
-        ledger = self._ledger
-        ledger.by_caller[self._caller] -= self.held
-        if ledger.by_caller[self._caller] <= 0:
-            del ledger.by_caller[self._caller]
-        self.held = 0
+        """The stream ended: what it held is freed (once)."""
+        if self._open:
+            self._open = False
+            self._ledger._closed(self._caller, self._cell, self.held)
+            self.held = 0
 
 
 __all__ = ["PER_CALLER", "PER_STREAM", "UnreadLedger", "UnreadMeter"]

@@ -286,7 +286,12 @@ class EventStream:
 
 def _entries(event: TokenDelta | PromptTokens) -> int:
     """What an event holds unread, in entries: one per token and one per candidate."""
-    return sum(1 + len(record.candidates) for record in event.tokens)
+    tokens = event.tokens
+    count = len(tokens)
+    for record in tokens:
+        if record.candidates:
+            count += len(record.candidates)
+    return count
 
 
 __all__ = [
