@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic.fields import FieldInfo
 
 from .contract.bounds import DEFAULT_BOUNDS
+from .core.unread import PER_CALLER, PER_STREAM
 from .errors import ConfigurationError
 from .spi.backend import BackendSettings
 
@@ -82,6 +83,23 @@ class CoreSettings(_Strict):
     )
     max_subscriptions: Annotated[int | None, Flag("limits")] = Field(
         default=1024, gt=0, description="concurrent KV and runtime event subscriptions"
+    )
+    max_memory_mib: Annotated[int | None, Flag("limits")] = Field(
+        default=None,
+        gt=0,
+        description="resident memory budget of the gateway process in MiB: new requests, probes and streams are "
+        "refused (RESOURCE_EXHAUSTED, retry-after-ms) from nine tenths of it (default: no budget)",
+    )
+    max_unread_per_stream: Annotated[int, Flag("limits")] = Field(
+        default=PER_STREAM,
+        gt=0,
+        description="tokens and candidates (one entry each) a Generate stream may hold unread for a slow client "
+        "before it is ended with OVERLOADED and aborted",
+    )
+    max_unread_per_caller: Annotated[int, Flag("limits")] = Field(
+        default=PER_CALLER,
+        gt=0,
+        description="the same over all streams of one caller (a token, or a connection without one)",
     )
     max_prompt_chars: Annotated[int | None, Flag("limits")] = Field(
         default=None, gt=0, description="characters of a text prompt or task input"
@@ -136,6 +154,12 @@ class CoreSettings(_Strict):
         gt=0,
         description="events a KV or runtime event subscriber may fall behind by before it is ended (retryable)",
     )
+    max_probes_per_s: Annotated[float, Flag("limits")] = Field(
+        default=1.0,
+        gt=0,
+        description="inference probes (Health with include_inference_probe) one caller, a token or else a client "
+        "address, may start per second, after a burst of 5; each also holds an in-flight slot while it runs",
+    )
     probe_timeout_s: float = Field(
         default=30.0,
         gt=0,
@@ -170,6 +194,18 @@ class GatewaySection(CoreSettings):
     )
     max_message_bytes: Annotated[int, Flag("limits")] = Field(
         default=64 * 1024 * 1024, gt=0, description="bytes of one gRPC message"
+    )
+    max_streams_per_connection: Annotated[int, Flag("limits")] = Field(
+        default=4096,
+        gt=0,
+        description="HTTP/2 streams open at once on one connection, reset ones included until released: what a "
+        "rapid-reset flood can hold (lower it, to 256 say, where clients keep fewer streams per connection)",
+    )
+    max_health_watches: Annotated[int, Flag("limits")] = Field(
+        default=4096, gt=0, description="grpc.health.v1 Watch streams open at once (they need no token)"
+    )
+    max_health_watches_per_connection: Annotated[int, Flag("limits")] = Field(
+        default=16, gt=0, description="grpc.health.v1 Watch streams open on one connection"
     )
     tls_cert_file: Annotated[Path | None, Flag("security", "--tls-cert")] = Field(
         default=None, description="PEM certificate chain: serve TLS"

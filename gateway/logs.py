@@ -29,6 +29,8 @@ _REQUEST_ID: ContextVar[str | None] = ContextVar("openengine_request_id", defaul
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(request)s%(message)s"
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+|%20)[^\s'\",;]+")
 _GRPC_LOGGER = "grpc._cython.cygrpc"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Characters a terminal or a line-based reader acts on: newlines, escape sequences, C1 controls."""
 _GRPC_INVALID_ENCODING = "Invalid encoding on %s"
 
 
@@ -85,6 +87,29 @@ def redact_grpc() -> None:
         logger.addFilter(_GRPC_FILTER)
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with each control character as its Python escape (a newline as ``\\n``, ESC as ``\\x1b``)."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, one line per record: the message and the request id are written with their control
+    characters escaped, so a client's value (a request id, a model name) can neither start a forged line nor
+    send a terminal escape sequence. A traceback, the gateway's own, keeps its lines."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.msg, record.args, getattr(record, "request", "")
+        record.msg, record.args = escape_controls(record.getMessage()), None
+        record.request = escape_controls(saved[2])
+        try:
+            return super().format(record)
+        finally:
+            record.msg, record.args, record.request = saved
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request id, exception."""
 
@@ -108,7 +133,7 @@ def configure(level: str, log_format: LogFormat = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     handler.addFilter(RedactSecrets())
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -117,6 +142,7 @@ __all__ = [
     "LogFormat",
     "RedactSecrets",
     "RequestIdFilter",
+    "TextFormatter",
     "bind_request_id",
     "configure",
     "redact_grpc",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from openengine_gateway import __version__, pb
@@ -25,6 +25,7 @@ from openengine_gateway.spi import (
     EngineFacts,
     EventStream,
     GenerationRequest,
+    Guidance,
     HealthCheck,
     KvEventBatch,
     Load,
@@ -39,7 +40,7 @@ from openengine_gateway.spi import (
 
 from . import capabilities
 from .events import Outbox
-from .guided import make_guide
+from .guided import Guide, make_guides
 from .kv_cache import CacheKey
 from .model import PseudoModel
 from .request import MockRequest, Output
@@ -49,6 +50,10 @@ from .settings import MockSettings
 from .tasks import TaskModel
 from .tokenizer import TOKENIZER_ID, VOCAB_SIZE, encode_input
 from .transfer import TRANSFER_BACKEND, SessionStore, pull, tcp_endpoint
+
+GUIDE_CHECKS = 2
+"""Regex guides built in threads at once: the rest wait their turn, so a burst of costly patterns takes at
+most this many cores (``regex`` releases the GIL while it matches)."""
 
 
 class MockBackend(Backend[MockSettings]):
@@ -87,6 +92,7 @@ class MockBackend(Backend[MockSettings]):
         self._loras: LoadedAdapters[LoraAdapter] = LoadedAdapters("the mock engine")
         self._rng = np.random.default_rng([settings.seed, 0x73616D70])
         self._arrivals = itertools.count()
+        self._guide_checks = asyncio.Semaphore(GUIDE_CHECKS)
         self._started = False
         self.failure: str | None = None
 
@@ -175,38 +181,67 @@ class MockBackend(Backend[MockSettings]):
         count = 1 if prefill_only else request.sampling.num_sequences
         self._check_capacity(len(prompt), 0 if prefill_only else max_tokens, count)
         core = self._rank(request)
-        guidance = request.guidance
-        if guidance is not None and prefill_only:
-            make_guide(guidance)  # checked here too; the decode engine applies it
-            guidance = None
         stopping = request.stopping
-        outputs = [
-            Output(
-                index,
-                list(prompt),
-                Sampler(self.model, request.sampling, output_rng(request.sampling.seed, index, self._rng), prompt),
-                make_guide(guidance) if guidance is not None else None,
-                StopTextMatcher(stopping.stop_texts, include_stop=stopping.include_stop_in_output),
+
+        def queue(guides: list[Guide] | None, stream: EventStream) -> EventStream:
+            outputs = [
+                Output(
+                    index,
+                    list(prompt),
+                    Sampler(self.model, request.sampling, output_rng(request.sampling.seed, index, self._rng), prompt),
+                    guides[index] if guides is not None and not prefill_only else None,  # prefill: checked only
+                    StopTextMatcher(stopping.stop_texts, include_stop=stopping.include_stop_in_output),
+                )
+                for index in range(count)
+            ]
+            engine_request = MockRequest(
+                spec=request,
+                prompt=prompt,
+                outputs=outputs,
+                stream=stream,
+                key=CacheKey(lora_id, lora_name, request.cache_salt),
+                max_tokens=max_tokens,
+                prefill_only=prefill_only,
+                arrival=next(self._arrivals),
+                priority=request.priority or 0,
             )
-            for index in range(count)
-        ]
-        engine_request = MockRequest(
-            spec=request,
-            prompt=prompt,
-            outputs=outputs,
-            stream=EventStream(),
-            key=CacheKey(lora_id, lora_name, request.cache_salt),
-            max_tokens=max_tokens,
-            prefill_only=prefill_only,
-            arrival=next(self._arrivals),
-            priority=request.priority or 0,
-        )
-        if session is not None:
-            engine_request.transfer = asyncio.get_running_loop().create_task(
-                pull(session, settings.kv_transfer_timeout_s), name=f"pull {session.session_id}"
-            )
-        core.add(engine_request)
-        return engine_request.stream
+            if session is not None:
+                engine_request.transfer = asyncio.get_running_loop().create_task(
+                    pull(session, settings.kv_transfer_timeout_s), name=f"pull {session.session_id}"
+                )
+            core.add(engine_request)
+            return stream
+
+        guidance = request.guidance
+        if guidance is None:
+            return queue(None, EventStream())
+        if guidance.mode != pb.GUIDED_DECODING_MODE_REGEX:
+            return queue(make_guides(guidance, count), EventStream())  # a choice's check is a trie walk
+        stream = EventStream()
+        checked = self._queue_when_checked(guidance, count, queue, stream)
+        stream.producer = asyncio.get_running_loop().create_task(checked)
+        return stream
+
+    async def _queue_when_checked(
+        self,
+        guidance: Guidance,
+        count: int,
+        queue: Callable[[list[Guide] | None, EventStream], EventStream],
+        stream: EventStream,
+    ) -> None:
+        """Build a regex's guides off the event loop, a few at a time, then queue the request; a refusal ends
+        its stream with INVALID_ARGUMENT, which the gateway answers as a refusal before acceptance.
+
+        Its cost is bounded first (``guided.check_cost``, on the loop: a scan of the pattern), but its first
+        mask can still take the whole mask budget, and every other client would wait that long."""
+        try:
+            async with self._guide_checks:
+                guides = await asyncio.to_thread(make_guides, guidance, count)
+        except InvalidArgument as error:
+            stream.fail(error)
+            return
+        if not stream.closed:
+            queue(guides, stream)
 
     def _check_serving(self) -> None:
         if self.failure is not None:

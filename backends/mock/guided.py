@@ -12,6 +12,13 @@ loop waits on every mask, so one mask has a time budget: a pattern that exceeds 
 request as INVALID_ARGUMENT (before acceptance when the first mask does). The budget is checked
 between matches and by ``regex``'s own timeout, which a pattern's first match ignores (for a
 long literal it costs the cube of the literal's length), so patterns are also limited in length.
+
+A pattern's cost is also bounded before any match runs (``check_cost``), as a driver should bound
+a grammar's before compiling it: nested unbounded repetition (``((a|aa)*)*``, the classic
+catastrophic backtracking) is refused, and so is a pattern whose counted repetitions unroll past
+``MAX_UNROLLED``. The backend builds a regex's guides, whose first mask can still take its whole
+budget, off the event loop (``asyncio.to_thread``, a few at a time; ``regex`` releases the GIL
+while it matches), so that a costly pattern stalls no other client.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ MASK_BUDGET_S = 0.1
 """The most one regex mask may take (normally well under a millisecond)."""
 MAX_PATTERN_CHARS = 512
 """The longest regex taken: the first match of a literal this long takes about 20 ms, uninterrupted."""
+MAX_UNROLLED = 4 * MAX_PATTERN_CHARS
+"""The most atoms a regex may have with its counted repetitions unrolled (``(ab){3}`` is 6)."""
 
 
 class Guide(ABC):
@@ -47,6 +56,10 @@ class Guide(ABC):
     @abstractmethod
     def advance(self, token_id: int) -> None:
         """Record the token that was sampled (it was allowed)."""
+
+    @abstractmethod
+    def fresh(self) -> Guide:
+        """A guide of the same constraint at its start, for another output (no check repeated)."""
 
 
 class ChoiceGuide(Guide):
@@ -70,6 +83,11 @@ class ChoiceGuide(Guide):
         if token_id < BYTE_TOKENS:
             self._emitted += bytes((token_id,))
 
+    def fresh(self) -> ChoiceGuide:
+        guide = ChoiceGuide(())
+        guide._choices = self._choices
+        return guide
+
 
 class RegexGuide(Guide):
     """The output must fully match a regular expression."""
@@ -88,7 +106,7 @@ class RegexGuide(Guide):
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 raise TimeoutError
-            return self._pattern.fullmatch(text, partial=partial, timeout=remaining) is not None
+            return self._pattern.fullmatch(text, partial=partial, timeout=remaining, concurrent=True) is not None
         except TimeoutError:
             raise EngineFailure(
                 pb.ERROR_CODE_INVALID_ARGUMENT,
@@ -119,6 +137,90 @@ class RegexGuide(Guide):
         self._text += character
         self._pending = b""
 
+    def fresh(self) -> RegexGuide:
+        return RegexGuide(self._pattern)
+
+
+def check_cost(pattern: str) -> None:
+    """Refuse (INVALID_ARGUMENT) a pattern whose matching can backtrack without bound, before it is compiled:
+    an unbounded repetition of something that repeats without bound, or more than ``MAX_UNROLLED`` atoms
+    once counted repetitions are unrolled. A scan of the pattern's text, conservative where it is unsure."""
+    frames: list[list[int]] = [[0, 0, 0, 0]]  # per open group: size, nesting, best alternative's size, nesting
+    last = (0, 0)  # the size and nesting of the atom a quantifier would apply to
+    index = 0
+    while index < len(pattern):
+        char = pattern[index]
+        frame = frames[-1]
+        atom: tuple[int, int] | None = None
+        if char == "\\":
+            index += 1
+            atom = (1, 0)
+        elif char == "[":
+            index = _class_end(pattern, index)
+            atom = (1, 0)
+        elif char == "(":
+            frames.append([0, 0, 0, 0])
+            if pattern.startswith("?", index + 1):  # (?:...), (?P<name>...), (?=...), (?i): the prefix is no atom
+                while index + 1 < len(pattern) and pattern[index + 1] not in ":)=!>":
+                    index += 1
+                index += 1 if index + 1 < len(pattern) and pattern[index + 1] != ")" else 0
+        elif char == "|":
+            frame[2], frame[3] = max(frame[2], frame[0]), max(frame[3], frame[1])
+            frame[0] = frame[1] = 0
+        elif char == ")" and len(frames) > 1:
+            done = frames.pop()
+            atom = (max(done[0], done[2]), max(done[1], done[3]))
+        elif char in "*+?{" and last != (0, 0):
+            high, index = _quantifier(pattern, index)
+            if high is not None or char == "?":
+                size, nesting = last[0] * (high or 1), last[1]
+            else:
+                size, nesting = last[0], last[1] + 1
+            if nesting > 1:
+                raise InvalidArgument("guided.regex repeats a repetition without bound, which backtracks without bound")
+            frame[0] += size - last[0]
+            frame[1] = max(frame[1], nesting)
+            last = (0, 0)
+        else:
+            atom = (1, 0)
+        if atom is not None:
+            frame = frames[-1]
+            frame[0] += atom[0]
+            frame[1] = max(frame[1], atom[1])
+            last = atom
+        if frames[0][0] > MAX_UNROLLED or frame[0] > MAX_UNROLLED:
+            raise InvalidArgument(f"guided.regex unrolls to over {MAX_UNROLLED} atoms (its counted repetitions)")
+        index += 1
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index of the ``]`` that ends the character class opened at ``start``."""
+    index = start + 1
+    if pattern.startswith("^", index):
+        index += 1
+    if pattern.startswith("]", index):
+        index += 1
+    while index < len(pattern) and pattern[index] != "]":
+        index += 2 if pattern[index] == "\\" else 1
+    return index
+
+
+def _quantifier(pattern: str, index: int) -> tuple[int | None, int]:
+    """The upper bound of the quantifier at ``index`` (None: unbounded) and its last index (a lazy ``?``
+    or possessive ``+`` included); a brace that is no quantifier repeats once, as ``regex`` reads it."""
+    char = pattern[index]
+    high: int | None = 1 if char == "?" else None
+    if char == "{":
+        end = pattern.find("}", index)
+        parts = pattern[index + 1 : end].split(",") if end > 0 else []
+        if not 1 <= len(parts) <= 2 or not all(part.strip().isdigit() or not part.strip() for part in parts):
+            return 1, index
+        high = int(parts[-1]) if parts[-1].strip() else None
+        index = end
+    if pattern.startswith(("?", "+"), index + 1):
+        index += 1
+    return high, index
+
 
 def make_guide(guidance: Guidance) -> Guide:
     """A fresh guide for one output; raises ``InvalidArgument`` for a bad or unsatisfiable spec."""
@@ -128,6 +230,7 @@ def make_guide(guidance: Guidance) -> Guide:
     elif guidance.mode == pb.GUIDED_DECODING_MODE_REGEX:
         if len(guidance.spec) > MAX_PATTERN_CHARS:
             raise InvalidArgument(f"guided.regex is longer than this engine's {MAX_PATTERN_CHARS} characters")
+        check_cost(guidance.spec)
         try:
             guide = RegexGuide(regex.compile(guidance.spec))
         except regex.error as exc:
@@ -143,4 +246,19 @@ def make_guide(guidance: Guidance) -> Guide:
     return guide
 
 
-__all__ = ["GUIDE_BACKEND", "ChoiceGuide", "Guide", "RegexGuide", "make_guide"]
+def make_guides(guidance: Guidance, count: int) -> list[Guide]:
+    """One guide for each of ``count`` outputs, checked once (``make_guide``)."""
+    first = make_guide(guidance)
+    return [first, *(first.fresh() for _ in range(count - 1))]
+
+
+__all__ = [
+    "GUIDE_BACKEND",
+    "MAX_UNROLLED",
+    "ChoiceGuide",
+    "Guide",
+    "RegexGuide",
+    "check_cost",
+    "make_guide",
+    "make_guides",
+]

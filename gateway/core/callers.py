@@ -36,6 +36,19 @@ class Caller:
         return f"{who} from {self.peer or 'an unknown peer'}"
 
 
+def scoped_id(owner: str | None, request_id: str) -> str:
+    """The id a request of ``owner`` has in the registry and its engine: a token's requests are
+    namespaced by its name (``alice/r1``), so that one tenant's ids neither collide with nor reveal
+    another's; without a token the client's own id. Token names hold no ``/``."""
+    return request_id if owner is None else f"{owner}/{request_id}"
+
+
+def caller_key(caller: Caller) -> str:
+    """Whose share a call spends of a per-caller bound: its token's name, else its client's address
+    without the port (one share per host, not per connection)."""
+    return caller.name or caller.peer.rpartition(":")[0] or caller.peer
+
+
 ANYONE = Caller()
 """A caller with no identity that reaches everything: no tokens, or a call the core makes itself."""
 
@@ -52,4 +65,4 @@ def current_caller() -> Caller:
     return _CALLER.get()
 
 
-__all__ = ["ANYONE", "Caller", "bind_caller", "current_caller"]
+__all__ = ["ANYONE", "Caller", "bind_caller", "caller_key", "current_caller", "scoped_id"]

@@ -19,6 +19,7 @@ from ..errors import EngineFailure, ResourceExhausted, Unavailable, Unimplemente
 from ..spi.kv_events import KvEventBatch
 from .background import BackgroundTasks
 from .kv_event_hub import KvEventHub
+from .memory import MemoryBudget
 from .runtime_event_hub import RuntimeEventHub
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,10 @@ class EventService:
         kv_replay_batches: int = 4096,
         subscriber_queue: int = 1024,
         max_subscriptions: int | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self._engines = engines
+        self._memory = memory or MemoryBudget(None)
         self._background = background
         self._max_subscriptions = max_subscriptions
         self._open = 0
@@ -144,10 +147,12 @@ class EventService:
             self.runtime.unsubscribe(queue)
 
     def _check_capacity(self) -> None:
-        """RESOURCE_EXHAUSTED (retryable) when KV and runtime subscriptions together are at the limit."""
+        """RESOURCE_EXHAUSTED (retryable) when KV and runtime subscriptions together are at the limit, or the
+        process's memory is past its budget's threshold."""
         limit = self._max_subscriptions
         if limit is not None and self._open >= limit:
             raise ResourceExhausted(f"the gateway is at its limit of {limit} event subscriptions", retry_after_ms=1000)
+        self._memory.check("event subscription")
 
     def close(self, reason: str) -> None:
         """End every subscription with a retryable error and stop the pumps (shutdown).

@@ -27,6 +27,7 @@ from .events import EventService
 from .generation import GenerationService
 from .lifecycle import LifecycleService
 from .lora import LoraRegistry, LoraService
+from .memory import MemoryBudget
 from .mirror import Mirroring
 from .monitor import EngineMonitor
 from .peers import PeeredDiscovery, PeeredLifecycle, PeeredLora, Siblings
@@ -34,6 +35,7 @@ from .registry import RequestRegistry
 from .state import GatewayState
 from .tasks import TaskService
 from .telemetry import Telemetry
+from .unread import UnreadLedger
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class Gateway:
             finished_window=options.finished_window,
             max_in_flight=options.max_in_flight,
             max_in_flight_per_owner=options.max_in_flight_per_token,
+            memory=MemoryBudget(options.max_memory_mib * 2**20 if options.max_memory_mib is not None else None),
         )
         self.background = BackgroundTasks()
         loras = LoraRegistry(options.lora_roots)
@@ -98,6 +101,7 @@ class Gateway:
             bounds=bounds,
             telemetry=self.telemetry,
             mirroring=self.mirroring,
+            unread=UnreadLedger(options.max_unread_per_stream, options.max_unread_per_caller),
         )
         self.tasks = TaskService(
             engines,
@@ -115,13 +119,24 @@ class Gateway:
         probe_timeout, host = options.probe_timeout_s, options.advertise_host
         if siblings is None:
             self.lifecycle = LifecycleService(
-                engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+                engines,
+                self.registry,
+                self.state,
+                probe_timeout=probe_timeout,
+                probes_per_s=options.max_probes_per_s,
+                bounds=bounds,
             )
             self.discovery = DiscoveryService(engines, instance_id=instance_id, advertise_host=host)
             self.lora = LoraService(engines, loras, bounds=bounds)
         else:
             self.lifecycle = PeeredLifecycle(
-                siblings, engines, self.registry, self.state, probe_timeout=probe_timeout, bounds=bounds
+                siblings,
+                engines,
+                self.registry,
+                self.state,
+                probe_timeout=probe_timeout,
+                probes_per_s=options.max_probes_per_s,
+                bounds=bounds,
             )
             self.discovery = PeeredDiscovery(siblings, engines, instance_id=instance_id, advertise_host=host)
             self.lora = PeeredLora(siblings, engines, loras, bounds=bounds)
@@ -131,6 +146,7 @@ class Gateway:
             kv_replay_batches=options.kv_replay_batches,
             subscriber_queue=options.subscriber_queue,
             max_subscriptions=options.max_subscriptions,
+            memory=self.registry.memory,
         )
         self.monitor = EngineMonitor(engines, self.registry, self.state, interval_s=options.health_poll_s)
         self._monitor_task: asyncio.Task[None] | None = None

@@ -30,7 +30,7 @@ from ..spi.events import EventStream, TokenDelta
 from ..spi.requests import GenerationRequest
 from .aborts import abort_in_engine, abort_then_release
 from .background import BackgroundTasks
-from .callers import current_caller
+from .callers import current_caller, scoped_id
 from .driver_faults import DriverFaults, escaped, open_stream
 from .lora import LoraRegistry
 from .mirror import Mirroring, SideRecorder
@@ -38,6 +38,7 @@ from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
 from .stream_end import Ending, StreamEnd
 from .telemetry import StreamClock, Telemetry
+from .unread import UnreadLedger, UnreadMeter
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class GenerationService:
         bounds: FieldBounds = DEFAULT_BOUNDS,
         telemetry: Telemetry | None = None,
         mirroring: Mirroring | None = None,
+        unread: UnreadLedger | None = None,
     ) -> None:
         self._engines = engines
         self._registry = registry
@@ -70,6 +72,7 @@ class GenerationService:
         self._bounds = bounds
         self._telemetry = telemetry
         self._mirroring = mirroring
+        self._unread = unread or UnreadLedger()
 
     def prepare(self, request: pb.GenerateRequest) -> tuple[Route, Engine, GenerationRequest]:
         """Route and validate (pre-acceptance); raises ``RequestError``. A split's request is checked
@@ -99,17 +102,21 @@ class GenerationService:
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """The response stream of one Generate call."""
         route, engine, parsed = self.prepare(request)
+        owner = current_caller().name
+        client_id = parsed.request_id
+        parsed = dataclasses.replace(parsed, request_id=scoped_id(owner, client_id))  # what the engine knows
         bind_request_id(parsed.request_id)
         active = ActiveRequest(
             parsed.request_id,
             "generate",
             engine.served_name,
+            client_id=client_id,
             kv_session_id=parsed.kv_session.session_id if parsed.kv_session else None,
-            owner=current_caller().name,
+            owner=owner,
         )
         self._registry.admit(active)
         try:
-            events, encoder = self._open(engine, parsed, active)
+            events, encoder, meter = self._open(engine, parsed, active)
         except BaseException:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
             raise
@@ -130,26 +137,31 @@ class GenerationService:
         finally:
             active.ended = True
             ending = self._close(engine, active, events, end)
+            meter.close()
             if copy is not None:
                 copy.primary_ended(finished=ending is Ending.FINISHED)
 
     def _open(
         self, engine: Engine, parsed: GenerationRequest, active: ActiveRequest
-    ) -> tuple[EventStream, GenerateEncoder]:
-        """Start the driver's stream and wire the request's abort and failure paths to it."""
+    ) -> tuple[EventStream, GenerateEncoder, UnreadMeter]:
+        """Start the driver's stream and wire the request's abort and failure paths, and its meter of
+        unread tokens, to it."""
         events = open_stream(engine.backend, engine.faults, parsed)
         active.stop = lambda _reason: self._stop(engine, active, events)
         active.on_failure = events.fail
+        overflow = lambda: abort_in_engine(self._background, engine, active)  # noqa: E731 (one line)
+        caller = current_caller()  # a token's streams share its bound; without a token, a connection's do
+        events.meter = meter = self._unread.meter(caller.name or caller.peer, overflow)
         prefill = engine.role == pb.ENGINE_ROLE_PREFILL
         if prefill:
             events.on_abandoned = lambda session: self._release(engine, session.session_id)
         encoder = GenerateEncoder(
-            parsed.request_id,
+            active.client_id,
             num_outputs=parsed.sampling.num_sequences,
             prefill=prefill,
             prompt_logprobs=parsed.prompt_logprobs is not None,
         )
-        return events, encoder
+        return events, encoder, meter
 
     def _close(self, engine: Engine, active: ActiveRequest, events: EventStream, end: StreamEnd) -> Ending:
         """Free what the stream held, as the way it ended requires; returns how it ended."""

@@ -17,11 +17,15 @@ from .audit import audit
 from .callers import current_caller
 from .driver_faults import open_stream
 from .health import engine_checks, worst
-from .registry import RequestRegistry
+from .rates import RateLimit
+from .registry import ActiveRequest, RequestRegistry
 from .results import health_message
 from .state import GatewayState
 
 log = logging.getLogger(__name__)
+
+PROBE_BURST = 5
+"""Inference probes one caller may start at once before its ``--max-probes-per-s`` rate applies."""
 
 
 class LifecycleService:
@@ -34,6 +38,7 @@ class LifecycleService:
         state: GatewayState,
         *,
         probe_timeout: float = 30.0,
+        probes_per_s: float = 1.0,
         drain_progress_interval: float = 0.5,
         bounds: FieldBounds = DEFAULT_BOUNDS,
     ) -> None:
@@ -41,6 +46,7 @@ class LifecycleService:
         self._registry = registry
         self._state = state
         self._probe_timeout = probe_timeout
+        self._probe_rate = RateLimit("inference probes", "--max-probes-per-s", probes_per_s, PROBE_BURST)
         self._bounds = bounds
         self._progress_interval = drain_progress_interval
         self._closed: EngineFailure | None = None
@@ -80,14 +86,24 @@ class LifecycleService:
         if probe:  # the named model's engines (every engine of a split), else the first engine
             probed = selected if request.model else selected[:1]
             if request.role != pb.ENGINE_ROLE_UNSPECIFIED:
-                checks.append(
-                    _one_check([_role_check(engine, request.role, self._prefix(engine)) for engine in probed])
-                )
-            probes = await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed))
-            checks.append(_one_check(probes))
+                roles = [_role_check(engine, request.role, self._prefix(engine)) for engine in probed]
+                checks.append(_one_check(roles))
+            checks.append(_one_check(await self._probes(probed, request.model)))
         if self._state.draining:
             return pb.HealthResponse(state=pb.HEALTH_STATE_DRAINING, checks=checks)
         return pb.HealthResponse(state=worst([c.state for c in checks]), checks=checks)
+
+    async def _probes(self, probed: list[Engine], model: str) -> list[pb.HealthCheck]:
+        """Probe each engine, admitted as one request of its caller (it holds a ``--max-in-flight`` slot, the
+        caller's per-token one and passes the memory budget) and within the caller's probe rate."""
+        caller = current_caller()
+        self._probe_rate.take(caller)
+        active = ActiveRequest(request_id=f"probe-{uuid.uuid4().hex}", kind="probe", model=model, owner=caller.name)
+        self._registry.admit(active)
+        try:
+            return list(await asyncio.gather(*(self._probe_check(engine, self._prefix(engine)) for engine in probed)))
+        finally:
+            self._registry.release(active, finished=False)
 
     def _prefix(self, engine: Engine) -> str:
         """What tells one engine's check messages from another's behind a shared endpoint."""
@@ -172,16 +188,14 @@ class LifecycleService:
         if not request_id:
             raise InvalidArgument("abort request_id must be non-empty")
         caller = current_caller()
-        active = self._registry.get(request_id)
-        if active is not None and not caller.reaches(active.owner):
-            active = None
+        active = self._registry.find(request_id, caller)
         if active is not None and not active.ended:
             engine = self._engines.engine(active.model)
             if not engine.facts.supports_abort:
                 raise Unimplemented(f"the {engine.facts.engine_name} engine does not support abort")
             active.abort("aborted by Abort")
             return pb.AbortResponse(status=pb.ABORT_STATUS_ABORTED, message=f"request {clip(request_id)} aborted")
-        if active is not None or self._registry.recently_finished(request_id, caller.reaches):
+        if active is not None or self._registry.finished(request_id, caller):
             return pb.AbortResponse(
                 status=pb.ABORT_STATUS_ALREADY_FINISHED, message=f"request {clip(request_id)} already finished"
             )

@@ -9,7 +9,10 @@ a ``PrefillReady`` or released by ``Abort``, so aborting one again is ALREADY_FI
 
 Each request and remembered session keeps its owner (a token's name, or None), so that a
 lookup can be limited to what one caller reaches (``reaches``), and the in-flight count per
-owner is the per-token fairness limit.
+owner is the per-token fairness limit. A token's request ids are its own namespace: the registry
+(and the engine) know a request by ``callers.scoped_id`` (``alice/r1``), so Bob's ``r1`` is
+another request than Alice's; ``find`` and ``finished`` look an id up as a caller sees it, a caller
+that sees all in every owner's namespace.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import AlreadyExists, EngineFailure, ResourceExhausted, clip
+from .callers import Caller, scoped_id
+from .memory import MemoryBudget
 
 
 @dataclass(slots=True, eq=False)
@@ -30,8 +35,11 @@ class ActiveRequest:
     engine failure (the core sets both at admission)."""
 
     request_id: str
+    """The id in the registry and the engine (``callers.scoped_id``)."""
     kind: str
     model: str
+    client_id: str = ""
+    """The id as its client sent it (``request_id`` when empty)."""
     kv_session_id: str | None = None
     owner: str | None = None
     """The name of the token that started it; None when it was started without one."""
@@ -89,7 +97,10 @@ class RequestRegistry:
         finished_window: int = 65536,
         max_in_flight: int | None = None,
         max_in_flight_per_owner: int | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
+        self.memory = memory or MemoryBudget(None)
+        """The process's memory budget, checked at each admission."""
         self._active: dict[str, ActiveRequest] = {}
         self._finished: OrderedDict[str | bytes, str | None] = OrderedDict()
         """Finished ids (``_kept``) → their owner, most recent last."""
@@ -100,23 +111,29 @@ class RequestRegistry:
         self._max_per_owner = max_in_flight_per_owner
         self._owned: Counter[str] = Counter()
         """In-flight requests per owner."""
+        self._owners: set[str] = set()
+        """Every owner seen (token names: as many as the configured tokens), the namespaces ``find`` searches
+        for a caller that sees all."""
         self._changed = asyncio.Event()
         self.version = 0
         """Counts admits and releases (``wait_changed(since=...)``)."""
 
     def admit(self, request: ActiveRequest) -> None:
-        """Register an accepted request, or reject a duplicate id / a full gateway."""
+        """Register an accepted request, or reject a duplicate id / a full gateway / one past the memory budget."""
         held = self._active.get(request.request_id)
         if held is not None:
+            shown = clip(request.client_id or request.request_id)
             if held.ended:
-                raise AlreadyExists(f"request {clip(request.request_id)} ended, but its engine is still aborting it")
-            raise AlreadyExists(f"request {clip(request.request_id)} is already in flight")
+                raise AlreadyExists(f"request {shown} ended, but its engine is still aborting it")
+            raise AlreadyExists(f"request {shown} is already in flight")
         if self._max_in_flight is not None and len(self._active) >= self._max_in_flight:
             raise ResourceExhausted(
                 f"the gateway is at its limit of {self._max_in_flight} concurrent requests", retry_after_ms=100
             )
+        self.memory.check()
         owner = request.owner
         if owner is not None:
+            self._owners.add(owner)
             if self._max_per_owner is not None and self._owned[owner] >= self._max_per_owner:
                 raise ResourceExhausted(
                     f"this token is at its limit of {self._max_per_owner} concurrent requests", retry_after_ms=100
@@ -151,6 +168,25 @@ class RequestRegistry:
     def get(self, request_id: str) -> ActiveRequest | None:
         """The in-flight request with this id, if any."""
         return self._active.get(request_id)
+
+    def find(self, request_id: str, caller: Caller) -> ActiveRequest | None:
+        """The in-flight request ``caller`` knows as ``request_id``: its own, or any owner's for a caller
+        that sees all (another's is None: as an id nobody used)."""
+        for key in self._keys(request_id, caller):
+            active = self._active.get(key)
+            if active is not None and caller.reaches(active.owner):
+                return active
+        return None
+
+    def finished(self, request_id: str, caller: Caller) -> bool:
+        """Whether a request ``caller`` reaches finished as ``request_id`` recently (``recently_finished``)."""
+        return any(self.recently_finished(key, caller.reaches) for key in self._keys(request_id, caller))
+
+    def _keys(self, request_id: str, caller: Caller) -> list[str]:
+        own = scoped_id(caller.name, request_id)
+        if not caller.sees_all:
+            return [own]
+        return list(dict.fromkeys([own, request_id, *(scoped_id(owner, request_id) for owner in sorted(self._owners))]))
 
     def recently_finished(self, request_id: str, reaches: Reaches = _anyone) -> bool:
         """True when the id finished (started by an owner ``reaches`` allows), is still inside the

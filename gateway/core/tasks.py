@@ -9,6 +9,7 @@ is returned. Unary calls have no error event: every failure is a non-OK status.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -22,11 +23,11 @@ from ..contract.stream import ContractViolation
 from ..engines import Engine, EngineSet
 from ..errors import Cancelled, EngineFailure, Internal, RequestError, Unavailable, as_status_error, clip
 from ..logs import bind_request_id
-from ..spi.requests import TaskContext
+from ..spi.requests import ClassifyCall, EmbedCall, ScoreCall, TaskContext
 from ..spi.results import Classification, Embedding, ScoreResult, TaskUsage
 from .aborts import abort_then_release
 from .background import BackgroundTasks
-from .callers import current_caller
+from .callers import current_caller, scoped_id
 from .driver_faults import escaped, kind
 from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
@@ -36,7 +37,7 @@ from .telemetry import Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-C = TypeVar("C")
+C = TypeVar("C", EmbedCall, ClassifyCall, ScoreCall)
 
 
 class TaskService:
@@ -85,34 +86,41 @@ class TaskService:
         engine = route.pick(metadata=context.metadata, down=self._state.engines_down)
         check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
-        return engine, call
+        scoped = scoped_id(current_caller().name, call.context.request_id)  # what the engine knows
+        return engine, dataclasses.replace(call, context=dataclasses.replace(call.context, request_id=scoped))
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
         answer = await self._run(engine, call.context, "embed", lambda: engine.backend.embed(call))
         outputs, usage = embed_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
-        return _assembled(
+        response = _assembled(
             engine, "embed", lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed)
         )
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
         engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
         answer = await self._run(engine, call.context, "classify", lambda: engine.backend.classify(call))
         outputs, usage = classify_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
-        return _assembled(
+        response = _assembled(
             engine, "classify", lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify)
         )
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
         engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
         answer = await self._run(engine, call.context, "score", lambda: engine.backend.score(call))
         result, usage = score_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
-        return _assembled(
+        response = _assembled(
             engine, "score", lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score)
         )
+        response.request_id = request.context.request_id  # as the client sent it
+        return response
 
     async def _run(self, engine: Engine, context: TaskContext, method: str, start: Callable[[], Awaitable[T]]) -> T:
         """Admit, run the driver's ``method`` call abortably, check its result's types, and turn any failure
@@ -121,7 +129,9 @@ class TaskService:
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
-            active = ActiveRequest(context.request_id, "task", engine.served_name, owner=current_caller().name)
+            owner = current_caller().name
+            client_id = context.request_id.removeprefix(f"{owner}/") if owner is not None else context.request_id
+            active = ActiveRequest(context.request_id, "task", engine.served_name, client_id=client_id, owner=owner)
             self._registry.admit(active)
         except BaseException:
             _close(work)
@@ -139,7 +149,7 @@ class TaskService:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
                 if active.aborted:
-                    raise Cancelled(f"request {clip(context.request_id)} was aborted: {active.abort_reason}") from None
+                    raise Cancelled(f"request {clip(active.client_id)} was aborted: {active.abort_reason}") from None
                 if active.failure is not None:
                     failed = True
                     raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None

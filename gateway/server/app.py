@@ -24,6 +24,7 @@ from ..config import Config
 from ..core.gateway import Gateway
 from ..reload import RouteReloader
 from .auth import TokenAuth
+from .health_watch import BoundedHealthServicer
 from .interceptor import EdgeInterceptor
 from .later_servicer import ControlServicer, InferenceServicer
 from .metrics import MetricsExporter
@@ -65,6 +66,16 @@ class ServerOptions:
     page names models, token names and load, and takes no token)."""
     metrics_tls: bool = False
     """Serve metrics over HTTPS with ``tls``'s certificate (and its client CA: mutual TLS)."""
+    max_streams_per_connection: int = 4096
+    """HTTP/2 streams one connection may hold open (SETTINGS_MAX_CONCURRENT_STREAMS): a client past it
+    waits for a stream of its own to end. grpc counts a stream the client reset until the server has let
+    go of it, so a rapid-reset flood (CVE-2023-44487) holds at most this many places of the queue of calls
+    not yet taken, and grpc stops reading the flooding connection instead of cancelling other clients'
+    calls."""
+    max_health_watches: int = 4096
+    """grpc.health.v1 Watch streams open at once (``health_watch``)."""
+    max_health_watches_per_connection: int = 16
+    """The same, on one connection."""
     reuse_port: bool = False
     """Bind the gRPC port with ``SO_REUSEPORT``, beside the other frontend processes of ``--frontends``
     (the kernel spreads new connections over them)."""
@@ -135,15 +146,17 @@ UNLIMITED_INTAKE = 65536
 """Calls gRPC may hold for the gateway when its admission has no limit (``max_in_flight`` unset)."""
 
 
-def _intake_limits(max_in_flight: int | None) -> list[tuple[str, int]]:
+def _intake_limits(max_in_flight: int | None, per_connection: int) -> list[tuple[str, int]]:
     """gRPC's bound on calls that arrived but that the server has not yet taken, set to the gateway's own.
 
     grpc.aio takes one new call per event-loop turn, so a burst waits in gRPC's queue; past its
     default bounds (1,000 soft, 3,000 hard) gRPC cancels new calls, at random and then all of them,
     and a client sees CANCELLED from a gateway that would have admitted it. Bounded at what the
-    gateway admits, the one limit a client meets is the gateway's RESOURCE_EXHAUSTED with a retry hint.
+    gateway admits, the one limit a client meets is the gateway's RESOURCE_EXHAUSTED with a retry hint;
+    one connection holds at most ``per_connection`` of its places (reset calls included), and as many
+    more are kept, so that a connection flooding it (rapid reset) leaves the rest their share.
     """
-    limit = max(max_in_flight or UNLIMITED_INTAKE, 1000)
+    limit = max(max_in_flight or UNLIMITED_INTAKE, 1000) + per_connection
     return [("grpc.server.max_pending_requests", limit), ("grpc.server.max_pending_requests_hard_limit", limit)]
 
 
@@ -166,7 +179,8 @@ class GatewayServer:
             ],
             options=[
                 ("grpc.so_reuseport", int(options.reuse_port)),
-                *_intake_limits(gateway.options.max_in_flight),
+                ("grpc.max_concurrent_streams", options.max_streams_per_connection),
+                *_intake_limits(gateway.options.max_in_flight, options.max_streams_per_connection),
                 ("grpc.max_receive_message_length", transport_limit(options.max_message_bytes)),
                 ("grpc.max_send_message_length", options.max_message_bytes),
             ],
@@ -177,7 +191,12 @@ class GatewayServer:
         pb_later.add_ControlServicer_to_server(ControlServicer(servicer, gateway), self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
         routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway.siblings), self._server)
-        self._health = health.aio.HealthServicer()
+        self._health = BoundedHealthServicer(
+            max_watches=options.max_health_watches,
+            max_watches_per_connection=options.max_health_watches_per_connection,
+            memory=gateway.registry.memory,
+        )
+        self.metrics.gauge("health_watches", "Open grpc.health.v1 Watch streams", lambda: self._health.watches)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         enable_reflection(self._server, (*SERVED_SERVICES, health.SERVICE_NAME))
         self._health_task: asyncio.Task[None] | None = None

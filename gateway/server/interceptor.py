@@ -19,13 +19,16 @@ The handler it returns relays the servicer's messages through one thin async-gen
 layer, so the per-message cost on a stream is a generator step, nothing more. Without tokens
 that handler is built once per method and reused by every call, except for the audited RPCs
 (Abort, Drain, LoRA, ReloadRoutes), which bind their caller; with tokens each call gets its own,
-bound to its token. ``grpc.health.v1`` passes untouched; reflection needs any valid token.
+bound to its token. ``grpc.health.v1`` needs no token and is not counted; its Check passes the decode
+guard and frees a refused request with its call as every RPC does (its Watch ends a refusal without
+raising, ``health_watch``); reflection needs any valid token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -105,8 +108,13 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if relay is not None and auth is None:
             return relay  # the common case: no tokens, and the method's handler already built
         handler = await continuation(handler_call_details)
-        if handler is None or method.startswith(_EXEMPT_PREFIX):
+        if handler is None:
             return handler
+        if method.startswith(_EXEMPT_PREFIX):  # no token, no count: Check gets the decode guard and ``forget``
+            if handler.response_streaming:
+                return handler  # Watch writes with context.write and ends a refusal without raising
+            relay = self._relays[method] = _relaying(handler, method.rpartition("/")[2], _uncounted, None)
+            return relay
         grant = auth.grant(handler_call_details.invocation_metadata) if auth is not None else None
         if not method.startswith(_PREFIXES):
             error = auth.check(Access.DISCOVERY, grant) if auth is not None else None
@@ -123,6 +131,10 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
         if relay is None:
             relay = self._relays[method] = _relaying(handler, rpc, self._on_finished, self._max_bytes)
         return relay
+
+
+def _uncounted(_rpc: str, _code: str, _token: str | None) -> None:
+    """grpc.health.v1 calls are not OpenEngine calls: they are not counted."""
 
 
 class _Identity:
@@ -157,7 +169,8 @@ def _rejecting(
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same kind that ends the call with ``error`` without reading its request."""
 
-    async def refuse(_request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def refuse(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        del request  # never read: not kept by the frame the abort's traceback holds
         if isinstance(error, PermissionDenied):
             audit(f"PERMISSION_DENIED on {rpc}", _Identity(None, grant).caller(rpc, context))
         await reject(context, error)
@@ -234,6 +247,8 @@ def _relaying(
                     yield message
             except BaseException as exc:
                 code = "OK" if _client_left(exc) and _ends_stream(last) else _code(exc, context)
+                request = last = None  # the frames below are cleared by forget; these by hand
+                forget(exc)
                 raise
             finally:
                 on_finished(rpc, code, token)
@@ -251,6 +266,8 @@ def _relaying(
             return await inner_unary(request, context)
         except BaseException as exc:
             code = _code(exc, context)
+            request = None  # see stream
+            forget(exc)
             raise
         finally:
             on_finished(rpc, code, token)
@@ -258,6 +275,19 @@ def _relaying(
     return grpc.unary_unary_rpc_method_handler(
         unary, request_deserializer=deserialize, response_serializer=handler.response_serializer
     )
+
+
+def forget(exc: BaseException) -> None:
+    """Clear the locals of every finished frame in ``exc``'s traceback and in those of the exceptions
+    it chains. An aborted call's exception sits in a reference cycle (its traceback holds the frames
+    that hold it) that only Python's cycle collector frees: without this, the request those frames
+    hold (up to the message limit, inflated from a few KiB of gzip) would outlive its call."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__context__ or current.__cause__
 
 
 _DEADLINE_SKEW_S = 0.1

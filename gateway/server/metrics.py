@@ -22,6 +22,10 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_engine_health{model,state}         1 for the engine's current HealthState
     openengine_gateway_driver_faults_total{model,backend}  requests the driver failed by breaking the SPI
     openengine_gateway_serving                            1 while grpc.health.v1 reports SERVING
+    openengine_gateway_resident_memory_bytes              the process's memory in use (what the budget checks)
+    openengine_gateway_memory_budget_bytes                ``--max-memory-mib`` (absent without a budget)
+    openengine_gateway_memory_shed_total                  new work refused for memory (RESOURCE_EXHAUSTED)
+    openengine_gateway_health_watches                     open grpc.health.v1 Watch streams (``health_watch``)
 
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
 
@@ -37,7 +41,7 @@ Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shado
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -48,6 +52,7 @@ from prometheus_client.registry import Collector
 from .. import pb
 from ..core.agreement import BASES, SIDES, Agreement
 from ..core.gateway import Gateway
+from ..core.memory import MemoryBudget
 from ..core.telemetry import Histogram
 from .tls import TlsFiles
 
@@ -74,6 +79,10 @@ class MetricsExporter:
         )
         self.registry.register(_GatewayCollector(gateway, tuple(token_names)))
         self._http: MetricsServer | None = None
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Expose ``read()`` at scrape time as the gauge ``openengine_gateway_NAME`` (state the server keeps)."""
+        self.registry.register(_Gauge(f"{PREFIX}_{name}", documentation, read))
 
     def rpc_finished(self, rpc: str, code: str, token: str | None = None) -> None:
         """Count one finished RPC, and by its token's name when it had one (the interceptor's callback)."""
@@ -130,6 +139,14 @@ class MetricsServer:
             thread.join(timeout=5)
 
 
+class _Gauge(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._documentation, self._read())
+
+
 class _GatewayCollector(Collector):
     """Reads the gateway's live state at scrape time (from the exporter's thread)."""
 
@@ -171,6 +188,7 @@ class _GatewayCollector(Collector):
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
         yield from _mirrors(gateway.agreement)
+        yield from _memory(gateway.registry.memory)
 
     def _tokens(self) -> Metric:
         owned = self._gateway.registry.owner_counts()
@@ -210,6 +228,15 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_serving", "1 while the gateway admits requests and its engines are ready", float(gateway.serving)
         )
+
+
+def _memory(budget: MemoryBudget) -> Iterator[Metric]:
+    yield GaugeMetricFamily(f"{PREFIX}_resident_memory_bytes", "Resident memory of this process", budget.resident)
+    if budget.limit_bytes is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_memory_budget_bytes", "The memory budget new work is shed before", budget.limit_bytes
+        )
+    yield CounterMetricFamily(f"{PREFIX}_memory_shed", "New work refused for memory (RESOURCE_EXHAUSTED)", budget.shed)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

@@ -145,7 +145,7 @@ class EventStream:
     client knows its session's id, so only the core can release the KV it holds.
     """
 
-    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled", "on_abandoned", "producer")
+    __slots__ = ("_closed", "_error", "_pending", "_waiter", "cancelled", "meter", "on_abandoned", "producer")
 
     def __init__(self) -> None:
         self._pending: deque[GenerationEvent] = deque()
@@ -157,6 +157,10 @@ class EventStream:
         """Called with the session of each ``PrefillDone`` nobody will read."""
         self.producer: asyncio.Task[None] | None = None
         """The task draining a driver's iterator into this stream (``from_iterator``), if any."""
+        self.meter: Callable[[int], BaseException | None] | None = None
+        """Set by the core: told how many unread entries (tokens and candidates) each put adds and
+        each read removes; an error it returns ends the stream now, its pending events dropped
+        (``core.unread``: a client that reads too slowly holds a bounded amount)."""
 
     @classmethod
     def from_iterator(cls, source: AsyncIterator[GenerationEvent]) -> EventStream:
@@ -205,6 +209,13 @@ class EventStream:
             if type(event) is PrefillDone:
                 self._abandon(event)
             return
+        meter = self.meter
+        if meter is not None and type(event) in (TokenDelta, PromptTokens):
+            overflow = meter(_entries(event))  # type: ignore[arg-type]
+            if overflow is not None:
+                self.cancel()
+                self._error = overflow
+                return
         pending = self._pending
         if pending and type(event) is TokenDelta:
             for queued in reversed(pending):
@@ -267,7 +278,20 @@ class EventStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._pending.popleft()
+        event = self._pending.popleft()
+        if self.meter is not None and type(event) in (TokenDelta, PromptTokens):
+            self.meter(-_entries(event))  # type: ignore[arg-type]
+        return event
+
+
+def _entries(event: TokenDelta | PromptTokens) -> int:
+    """What an event holds unread, in entries: one per token and one per candidate."""
+    tokens = event.tokens
+    count = len(tokens)
+    for record in tokens:
+        if record.candidates:
+            count += len(record.candidates)
+    return count
 
 
 __all__ = [

@@ -105,7 +105,7 @@ async def test_a_token_cannot_abort_or_even_see_another_tokens_requests() -> Non
         never_used = await _abort_answer(stub, unknown, BOB)
         assert seen_by_bob[0] == never_used[0] == "NOT_FOUND"
         assert seen_by_bob[1] == never_used[1].replace("nobody-1", "alice-1")
-        assert not running.gateway.registry.get("alice-1").aborted  # type: ignore[union-attr]
+        assert not running.gateway.registry.get("alice/alice-1").aborted  # type: ignore[union-attr]
         # The event streams are an observer's: a tenant cannot read every client's requests.
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             async for _ in stub.SubscribeRuntimeEvents(pb.SubscribeRuntimeEventsRequest(), metadata=_as(BOB)):

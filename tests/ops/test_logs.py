@@ -65,7 +65,7 @@ def failing_backend() -> FakeBackend:
     fail = scripted(error=RuntimeError("boom in the driver"))
 
     def generate(request: GenerationRequest) -> Any:
-        return (succeed if request.request_id == "ok" else fail)(request)
+        return (succeed if request.request_id.rpartition("/")[2] == "ok" else fail)(request)  # a token's: NAME/ID
 
     async def embed(_call: EmbedCall) -> Any:
         raise RuntimeError("embed broke in the driver")
@@ -199,6 +199,21 @@ async def test_the_command_logs_json_lines_and_serves_metrics(tmp_path: Path) ->
     assert 'openengine_gateway_requests_total{code="UNAUTHENTICATED",rpc="GetLoad"} 1.0' in page
     text = process.log.read_text()
     lines = entries(io.StringIO(text))
-    assert any(e.get("request_id") == "proc-1" and e["message"] == "generate ended: finished" for e in lines), text
+    ended = [e for e in lines if e["message"] == "generate ended: finished"]
+    assert any(e.get("request_id") == "inference-1/proc-1" for e in ended), text  # namespaced by its token
     assert any(e["message"] == "stopped" for e in lines)
     assert "d1stinct1ve" not in text
+
+
+def test_a_client_value_cannot_forge_a_text_line_or_send_escapes() -> None:
+    """A request id with a newline, a forged audit line and ANSI escapes stays on its one line, escaped."""
+    audit = "2026-01-01 00:00:00,000 INFO openengine_gateway.audit: audit: Drain by token 'operator'"
+    forged = f"r1\n{audit}\x1b[2J\x1b]0;x\x07"
+    with configured("text") as buffer:
+        logs.bind_request_id(forged)
+        logging.getLogger("openengine_gateway.core.generation").info("model '%s' not served", "m\r\nx\u2028y")
+        logs.bind_request_id("")
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "\x1b" not in lines[0] and "\x07" not in lines[0] and "\r" not in lines[0] and "\u2028" not in lines[0]
+    assert "[r1\\n2026-01-01" in lines[0] and "\\x1b[2J" in lines[0] and "'m\\r\\nx\\u2028y'" in lines[0]

@@ -185,6 +185,13 @@ def test_startup_objects_are_frozen_out_of_full_collections() -> None:
         (["--max-in-flight-per-token", "0"], "max_in_flight_per_token"),
         (["--max-id-chars", "0"], "max_id_chars"),
         (["--max-stop-conditions", "-1"], "max_stop_conditions"),
+        (["--max-memory-mib", "0"], "max_memory_mib"),
+        (["--max-health-watches", "0"], "max_health_watches"),
+        (["--max-health-watches-per-connection", "0"], "max_health_watches_per_connection"),
+        (["--max-streams-per-connection", "0"], "max_streams_per_connection"),
+        (["--max-probes-per-s", "0"], "max_probes_per_s"),
+        (["--max-unread-per-stream", "0"], "max_unread_per_stream"),
+        (["--max-unread-per-caller", "-1"], "max_unread_per_caller"),
     ],
 )
 def test_a_flag_takes_exactly_the_values_its_config_key_does(argv: list[str], key: str) -> None:
@@ -350,3 +357,15 @@ def test_a_setup_error_s_class_carries_its_exit_code(
     assert error.exit_code == code
     assert cli.main(["--backend", "mock", "--port", "0"]) == code
     assert capsys.readouterr().err == f"openengine-gateway: error: {error}\n"
+
+
+def test_the_overload_flags_reach_the_server_and_the_core() -> None:
+    flags = ["--max-memory-mib", "512", "--max-health-watches", "9", "--max-health-watches-per-connection", "3"]
+    flags += ["--max-streams-per-connection", "64", "--max-probes-per-s", "0.5"]
+    flags += ["--max-unread-per-stream", "100", "--max-unread-per-caller", "400"]
+    section = cli._gateway_section(args(*flags)[0], Config())
+    server = cli._server_options(section)
+    assert (server.max_health_watches, server.max_health_watches_per_connection) == (9, 3)
+    assert server.max_streams_per_connection == 64
+    assert (section.max_memory_mib, section.max_probes_per_s) == (512, 0.5)
+    assert (section.max_unread_per_stream, section.max_unread_per_caller) == (100, 400)

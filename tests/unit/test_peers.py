@@ -14,7 +14,7 @@ import grpc
 import pytest
 from openengine_gateway import pb, routes_pb
 from openengine_gateway.config import Config
-from openengine_gateway.core.callers import Caller, bind_caller
+from openengine_gateway.core.callers import Caller, bind_caller, scoped_id
 from openengine_gateway.core.gateway import Gateway
 from openengine_gateway.core.peers import freshest, merged_abort, merged_drains
 from openengine_gateway.core.registry import ActiveRequest
@@ -44,7 +44,8 @@ class Frontend:
     def admit(self, request_id: str, *, owner: str | None = None, session: str | None = None) -> ActiveRequest:
         """A request in flight here that ends when stopped, as the generation service's does."""
         registry = self.gateway.registry
-        request = ActiveRequest(request_id, "generate", "m", owner=owner, kv_session_id=session)
+        scoped = scoped_id(owner, request_id)  # a token's request is known by its namespaced id
+        request = ActiveRequest(scoped, "generate", "m", client_id=request_id, owner=owner, kv_session_id=session)
         request.stop = lambda _reason: registry.release(request)
         registry.admit(request)
         return request

@@ -120,3 +120,21 @@ async def test_a_pattern_that_turns_costly_fails_its_request_and_nothing_else() 
             )
         assert failure.value.code == pb.ERROR_CODE_INVALID_ARGUMENT and not failure.value.retryable
         assert (await generate(backend, stopping=Stopping(max_tokens=3))).finished, "the engine still serves"
+
+
+@pytest.mark.parametrize(
+    "pattern", ["((a|aa)*)*", "(a|aa){30}((a|aa)*)*c", "(a+)+b", "(?:x*)*", "a{3000}", "((ab){40}){40}"]
+)
+def test_a_pattern_past_its_cost_bound_is_refused_before_any_match(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guided.RegexGuide, "allowed", lambda _self: pytest.fail("a match ran"))
+    with pytest.raises(InvalidArgument, match=r"repeats a repetition|unrolls to over"):
+        make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec=pattern))
+
+
+@pytest.mark.parametrize(
+    "pattern", ["(a|aa)*", "(ab|ba){2}c", "[a-z]+", r"\(a*\)*", "[(]*", "(red|green|blue)-[0-9]{1,3}"]
+)
+def test_patterns_within_the_bound_pass_it(pattern: str) -> None:
+    guided.check_cost(pattern)
