@@ -97,6 +97,11 @@ class Route:
             return engine
         return max(weighted, key=lambda pair: _rendezvous_score(key, pair[0].served_name, pair[1]))[0]
 
+    def split_of(self, engine: Engine) -> str:
+        """The split label of ``engine``'s requests through this route: the route's name when it is not the
+        engine's own (a split, even of one engine), else ""."""
+        return "" if self.name == engine.served_name else self.name
+
     def sticky_key(self, cache_salt: str | None, metadata: Mapping[str, str]) -> str | None:
         """The request's sticky key from the first of ``sticky``'s sources it has."""
         for source in self.sticky:

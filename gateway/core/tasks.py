@@ -29,7 +29,7 @@ from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .results import classify_messages, embed_messages, score_messages
 from .state import GatewayState
-from .telemetry import Telemetry, outcome
+from .telemetry import OK, REJECTED, Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,10 +66,10 @@ class TaskService:
         request: pb.EmbedRequest | pb.ClassifyRequest | pb.ScoreRequest,
         inputs: Iterable[pb.TaskInput],
         parse: Callable[[pb.ModelInfo], C],
-    ) -> tuple[Engine, C]:
-        """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), the
-        operator's caps on each input (RESOURCE_EXHAUSTED, before parsing looks at what they hold),
-        what the model advertises (INVALID_ARGUMENT past an advertised limit, which
+    ) -> tuple[Engine, str, C]:
+        """The engine, its split label (``Route.split_of``) and the parsed call, checked in order: an
+        unknown model (NOT_FOUND), the operator's caps on each input (RESOURCE_EXHAUSTED, before parsing
+        looks at what they hold), what the model advertises (INVALID_ARGUMENT past an advertised limit, which
         ``--max-task-items`` narrows), the operator's cap on the count, then the engine's readiness.
         The bounds on identifiers and metadata come first of all."""
         context = request.context
@@ -83,28 +83,31 @@ class TaskService:
         engine = route.pick(metadata=context.metadata, down=self._state.engines_down)
         check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
-        return engine, call
+        return engine, route.split_of(engine), call
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
-        engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.embed(call), embed_messages)
+        engine, split, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
+        outputs, usage = await self._run(engine, split, call.context, engine.backend.embed(call), embed_messages)
         return _assembled(lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed))
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
-        engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
-        outputs, usage = await self._run(engine, call.context, engine.backend.classify(call), classify_messages)
+        engine, split, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
+        outputs, usage = await self._run(engine, split, call.context, engine.backend.classify(call), classify_messages)
         return _assembled(lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify))
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
-        engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
-        result, usage = await self._run(engine, call.context, engine.backend.score(call), score_messages)
+        engine, split, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
+        result, usage = await self._run(engine, split, call.context, engine.backend.score(call), score_messages)
         return _assembled(lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score))
 
-    async def _run(self, engine: Engine, context: TaskContext, work: Awaitable[T], encode: Callable[[T], U]) -> U:
-        """Admit, run abortably, encode the driver's result, and turn any failure into a status."""
+    async def _run(
+        self, engine: Engine, split: str, context: TaskContext, work: Awaitable[T], encode: Callable[[T], U]
+    ) -> U:
+        """Admit, run abortably, encode the driver's result, and turn any failure into a status; counted
+        under ``engine`` and ``split``."""
         try:
             if context.lora_name is not None:
                 self._loras.get(context.lora_name)
@@ -118,6 +121,7 @@ class TaskService:
         active.stop = lambda _reason: task.cancel()
         active.on_failure = lambda _failure: task.cancel()
         finished = failed = rejected = False
+        code = OK
         try:
             result = encode(await task)
             finished = True
@@ -126,15 +130,19 @@ class TaskService:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
                 if active.aborted:
+                    code = "ABORTED"
                     raise Cancelled(f"request {clip(context.request_id)} was aborted: {active.abort_reason}") from None
                 if active.failure is not None:
                     failed = True
+                    code = pb.ErrorCode.Name(active.failure.code).removeprefix("ERROR_CODE_")
                     raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None
+            code = "CANCELLED"
             raise
         except Exception as exc:  # broad on purpose: unary failures must become a status
             failed = True
             rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
             error = as_status_error(exc)
+            code = error.status.name
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
             raise error from None
@@ -145,8 +153,9 @@ class TaskService:
             else:
                 task.cancel()
                 abort_then_release(self._background, self._registry, engine, active)
-            if self._telemetry is not None and not rejected:
-                self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
+            if self._telemetry is not None:
+                ended = REJECTED if rejected else outcome(finished=finished, failed=failed, aborted=active.aborted)
+                self._telemetry.stats(engine.served_name, split).ended("task", ended, code)
 
 
 def _assembled(assemble: Callable[[], T]) -> T:
