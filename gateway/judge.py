@@ -202,6 +202,115 @@ def agreement_result(identical: int, outputs: int, minimum: float, min_samples: 
     return "pass" if identical / outputs >= minimum else "fail"
 
 
+@dataclass(frozen=True)
+class Window:
+    """What one engine of a split did over a window: its Generate streams and their latencies."""
+
+    finished: int
+    failed: int
+    """Streams that ended with an engine error."""
+    ttft: BucketCounts
+    itl: BucketCounts
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a candidate must hold against its baseline; ``None`` leaves a figure unjudged."""
+
+    ttft_percentile: float = 90.0
+    ttft_max_ratio: float | None = 1.2
+    itl_percentile: float = 90.0
+    itl_max_ratio: float | None = 1.2
+    max_error_delta: float | None = 0.01
+    min_agreement: float | None = None
+    """The least share of greedy mirrored outputs identical on the baseline and the candidate."""
+    alpha: float = 0.01
+    """The U test's significance level."""
+    confidence: float = 0.95
+    """Of the error-rate difference's interval."""
+    min_samples: int = MIN_SAMPLES
+
+
+@dataclass(frozen=True)
+class AgreementVerdict:
+    """Greedy outputs of requests the baseline answered and the candidate ran as a mirror's shadow."""
+
+    identical: int
+    outputs: int
+    minimum: float | None
+    result: Result
+
+    def describe(self) -> str:
+        share = f"{self.identical / self.outputs:.1%} of {self.outputs}" if self.outputs else "none"
+        limit = f" (minimum {self.minimum:.1%})" if self.minimum is not None else ""
+        return f"greedy agreement: {share} identical{limit}: {self.result}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Every judged figure of a candidate against its baseline."""
+
+    latency: tuple[LatencyVerdict, ...]
+    errors: ErrorVerdict | None
+    agreement: AgreementVerdict | None
+
+    @property
+    def checks(self) -> list[LatencyVerdict | ErrorVerdict | AgreementVerdict]:
+        return [*self.latency, *([self.errors] if self.errors else []), *([self.agreement] if self.agreement else [])]
+
+    @property
+    def result(self) -> Result:
+        """``fail`` when any limit fails; else ``not enough data`` when any lacks it; else ``pass``."""
+        results = {check.result for check in self.checks}
+        return "fail" if "fail" in results else "not enough data" if "not enough data" in results else "pass"
+
+    @property
+    def failing(self) -> list[str]:
+        """The lines of the limits that failed."""
+        return [check.describe() for check in self.checks if check.result == "fail"]
+
+
+def judge(baseline: Window, candidate: Window, limits: Limits, agreement: tuple[int, int] | None = None) -> Verdict:
+    """The candidate against the baseline under ``limits``; ``agreement``: (identical, compared) greedy
+    outputs of a mirror from the baseline to the candidate, None when no such mirror runs."""
+    latency = []
+    for metric, ours, theirs, percentile, ratio in (
+        ("TTFT", baseline.ttft, candidate.ttft, limits.ttft_percentile, limits.ttft_max_ratio),
+        ("ITL", baseline.itl, candidate.itl, limits.itl_percentile, limits.itl_max_ratio),
+    ):
+        if ratio is not None:
+            latency.append(
+                compare_latency(
+                    metric,
+                    ours,
+                    theirs,
+                    percentile=percentile,
+                    max_ratio=ratio,
+                    alpha=limits.alpha,
+                    min_samples=limits.min_samples,
+                )
+            )
+    errors = None
+    if limits.max_error_delta is not None:
+        errors = compare_errors(
+            baseline.failed,
+            baseline.finished + baseline.failed,
+            candidate.failed,
+            candidate.finished + candidate.failed,
+            max_delta=limits.max_error_delta,
+            confidence=limits.confidence,
+            min_samples=limits.min_samples,
+        )
+    agreed = None
+    if limits.min_agreement is not None or agreement is not None:
+        identical, outputs = agreement or (0, 0)
+        result: Result = "pass"
+        if limits.min_agreement is not None:
+            result = agreement_result(identical, outputs, limits.min_agreement, limits.min_samples)
+        agreed = AgreementVerdict(identical, outputs, limits.min_agreement, result)
+    return Verdict(tuple(latency), errors, agreed)
+
+
 def _normal_quantile(p: float) -> float:
     """The standard normal quantile, by bisection on ``erfc`` (exact enough, and no dependency)."""
     low, high = -10.0, 10.0
@@ -220,13 +329,18 @@ def _ms(seconds: float | None) -> str:
 
 __all__ = [
     "MIN_SAMPLES",
+    "AgreementVerdict",
     "ErrorVerdict",
     "LatencyVerdict",
+    "Limits",
     "MannWhitney",
     "Result",
+    "Verdict",
+    "Window",
     "agreement_result",
     "compare_errors",
     "compare_latency",
+    "judge",
     "mann_whitney",
     "per_bucket",
     "rate_difference",
