@@ -162,7 +162,9 @@ def plan_routes(
     """Resolve the sections' names against ``engine_names`` (each engine's served name and aliases ->
     its served name). A ``ConfigurationError`` names the entry (``splits[1]``, ``mirrors[0]``): an
     unknown engine, an engine listed twice, a name served twice, a mirror of no served name or of a
-    route mirrored already, a shadow that is no engine or already serves the route."""
+    route mirrored already, a shadow that is no engine or is the route's only engine (a split's own engine may
+    be its shadow: it gets copies of the requests the split's other engines answer, as a canary's agreement
+    needs)."""
     routes: dict[str, str] = dict(engine_names)
     """Every served name -> its route's name."""
     members: dict[str, tuple[str, ...]] = {served: (served,) for served in engine_names.values()}
@@ -198,7 +200,7 @@ def plan_routes(
             raise ConfigurationError(
                 f"{label}: no engine is served as {section.shadow!r} (engines: {', '.join(engine_names)})"
             )
-        if shadow in members[route]:
+        if members[route] == (shadow,):
             raise ConfigurationError(f"{label}: the shadow {shadow!r} already serves {route!r}")
         planned_mirrors.append((section, route, shadow))
     return RoutePlan(tuple(planned_splits), tuple(planned_mirrors))
