@@ -181,6 +181,14 @@ def plan_routes(
             if served in engines:
                 raise ConfigurationError(f"{label}: engine {served!r} is listed twice")
             engines.append(served)
+        analysis = split.analysis
+        if analysis is not None:
+            sides = [engine_names.get(analysis.baseline), engine_names.get(analysis.candidate)]
+            if any(side not in engines for side in sides) or sides[0] == sides[1]:
+                raise ConfigurationError(
+                    f"{label}: analysis: baseline {analysis.baseline!r} and candidate {analysis.candidate!r} must be "
+                    f"two engines of the split ({', '.join(engines)})"
+                )
         for name in (split.name, *split.aliases):
             if name in routes:
                 raise ConfigurationError(f"splits[{position}]: model name {name!r} is served twice")

@@ -38,6 +38,13 @@ configuration, never by what clients send:
 
 The gateway-wide TTFT, ITL, token and outcome families are these summed over engines.
 
+Canaries (a split's ``analysis``), per split:
+
+    openengine_gateway_canary_weight{split,engine}        the candidate's weight now (percent)
+    openengine_gateway_canary_step{split}                 the current step, from 1
+    openengine_gateway_canary_state{split,state}          1 for running, paused, promoted, rolled back or aborted
+    openengine_gateway_canary_decisions_total{split,decision}  step, wait, promote, rollback, pause, resume, abort
+
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
 
     openengine_gateway_mirror_copies_total{outcome}       compared, shed (full), skipped (shadow refuses), cancelled
@@ -62,6 +69,7 @@ from prometheus_client.registry import Collector
 
 from .. import pb
 from ..core.agreement import BASES, SIDES, Agreement
+from ..core.canary import DECISIONS, STATES, Canaries
 from ..core.gateway import Gateway
 from ..core.telemetry import Histogram, Telemetry
 from .tls import TlsFiles
@@ -187,6 +195,7 @@ class _GatewayCollector(Collector):
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
         yield from _per_engine(telemetry)
+        yield from _canaries(gateway.canaries)
         yield from _mirrors(gateway.agreement)
 
     def _tokens(self) -> Metric:
@@ -265,6 +274,29 @@ def _per_engine(telemetry: Telemetry) -> Iterator[Metric]:
             histogram: Histogram = getattr(stats, field)
             family.add_metric((served, split), _buckets(histogram), histogram.total)
     yield from (requests, prompt, completion, *(family for family, _field in histograms))
+
+
+def _canaries(canaries: Canaries) -> Iterator[Metric]:
+    """The canary families, one series set per split with an analysis."""
+    canary = f"{PREFIX}_canary"
+    weight = GaugeMetricFamily(
+        f"{canary}_weight",
+        "The candidate's weight now, percent of the two engines' traffic",
+        labels=("split", "engine"),
+    )
+    step = GaugeMetricFamily(f"{canary}_step", "The canary's current step, from 1", labels=("split",))
+    state = GaugeMetricFamily(f"{canary}_state", "1 for the canary's current state", labels=("split", "state"))
+    decisions = CounterMetricFamily(
+        f"{canary}_decisions", "Decisions of the canary and of its operators", labels=("split", "decision")
+    )
+    for split, run in sorted(list(canaries.running.items())):
+        weight.add_metric((split, run.candidate), run.weight)
+        step.add_metric((split,), run.step + 1)
+        for name in STATES:
+            state.add_metric((split, name), 1.0 if name == run.state else 0.0)
+        for decision in DECISIONS:
+            decisions.add_metric((split, decision), run.decisions[decision])
+    yield from (weight, step, state, decisions)
 
 
 def _mirrors(agreement: Agreement) -> Iterator[Metric]:
