@@ -229,11 +229,11 @@ class LatencyLimit(_Strict):
 
 
 class AnalysisLimits(_Strict):
-    """What a canary's candidate must hold at every step; a limit set to nothing (omitted for
-    ``agreement``) is not judged."""
+    """What a canary's candidate must hold at every step: a latency or agreement limit omitted is not
+    judged; the error rate always is."""
 
-    ttft: LatencyLimit | None = LatencyLimit()
-    itl: LatencyLimit | None = LatencyLimit()
+    ttft: LatencyLimit | None = None
+    itl: LatencyLimit | None = None
     error_rate_delta: float | None = Field(default=0.01, ge=0, le=1)
     """The most the candidate's error rate may exceed the baseline's (the difference's interval must not lie above)."""
     agreement: float | None = Field(default=None, gt=0, le=1)
