@@ -168,7 +168,9 @@ class GatewayServer:
         servicer = OpenEngineServicer(gateway, max_message_bytes=options.max_message_bytes)
         pb.add_OpenEngineServicer_to_server(servicer, self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
-        routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway, gateway.siblings), self._server)
+        routes_pb.add_RoutesServicer_to_server(
+            RoutesServicer(reloader, gateway.siblings, gateway=gateway), self._server
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

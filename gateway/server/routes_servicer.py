@@ -73,16 +73,19 @@ def reload_routes(reloader: RouteReloader) -> Reloaded:
 class RoutesServicer(routes_pb.RoutesServicer):
     """Serves the routes of ``reloader``'s gateway, and reloads them (and the ``siblings``' routes)."""
 
-    def __init__(self, reloader: RouteReloader, gateway: Gateway, siblings: Siblings | None = None) -> None:
+    def __init__(
+        self, reloader: RouteReloader, siblings: Siblings | None = None, *, gateway: Gateway | None = None
+    ) -> None:
+        """``gateway``: the gateway whose canaries are shown and controlled (none without it)."""
         self._reloader = reloader
-        self._gateway = gateway
         self._siblings = siblings
+        self._gateway = gateway
 
     def _table(self, routes: RouteSections) -> routes_pb.RouteTable:
-        return route_table(routes, self._gateway.canaries.running)
+        return route_table(routes, self._gateway.canaries.running if self._gateway is not None else None)
 
     async def GetRoutes(self, request: routes_pb.GetRoutesRequest, context: Context) -> routes_pb.RouteTable:
-        return await unary(context, lambda _request: self._table(self._gateway.routes), request)
+        return await unary(context, lambda _request: self._table(self._reloader.gateway.routes), request)
 
     async def ControlCanary(self, request: routes_pb.ControlCanaryRequest, context: Context) -> routes_pb.RouteTable:
         return await unary(context, self.control_canary, request)
@@ -92,6 +95,8 @@ class RoutesServicer(routes_pb.RoutesServicer):
         action = ACTIONS.get(request.action)
         if action is None:
             raise InvalidArgument(f"action must be one of {', '.join(routes_pb.CanaryAction.keys()[1:])}")
+        if self._gateway is None:
+            raise FailedPrecondition("this server runs no canaries")
         return self._table(self._gateway.control_canary(request.split, action))
 
     async def ReloadRoutes(
