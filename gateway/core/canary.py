@@ -52,45 +52,36 @@ class AnalysisCaller(Caller):
 
 @dataclass(frozen=True)
 class _Mark:
-    """What one engine had counted through the split when a step began."""
+    """What one engine had counted through the split at some moment (a step's start, or now)."""
 
-    finished: int = 0
-    failed: int = 0
-    ttft: tuple[tuple[int, ...], float] = ((), 0.0)
-    itl: tuple[tuple[int, ...], float] = ((), 0.0)
+    finished: int
+    failed: int
+    ttft: BucketCounts
+    itl: BucketCounts
+
+    def since(self, then: _Mark) -> judge.Window:
+        """What was counted between ``then`` and this mark."""
+        return judge.Window(
+            self.finished - then.finished,
+            self.failed - then.failed,
+            self.ttft.minus(then.ttft),
+            self.itl.minus(then.itl),
+        )
 
 
 def _mark(stats: EngineStats | None) -> _Mark:
-    if stats is None:
-        return _Mark()
+    stats = stats or EngineStats()
     finished = failed = 0
     for (kind, outcome, _code), count in list(stats.requests.items()):
         if kind == "generate":
             finished += count if outcome == "finished" else 0
             failed += count if outcome == "failed" else 0
-    return _Mark(
-        finished, failed, (tuple(stats.ttft.counts), stats.ttft.total), (tuple(stats.itl.counts), stats.itl.total)
-    )
+    return _Mark(finished, failed, _buckets(stats.ttft), _buckets(stats.itl))
 
 
-def _since(
-    now: tuple[tuple[int, ...], float], then: tuple[tuple[int, ...], float], bounds: Sequence[float]
-) -> BucketCounts:
-    counts = [ours - (then[0][i] if then[0] else 0) for i, ours in enumerate(now[0])] or [0] * (len(bounds) + 1)
-    running, cumulative = 0.0, []
-    for count in counts:
-        running += count
-        cumulative.append(running)
-    return BucketCounts((*bounds, float("inf")), tuple(cumulative), now[1] - then[1])
-
-
-def _window(now: _Mark, then: _Mark, ttft: Histogram, itl: Histogram) -> judge.Window:
-    return judge.Window(
-        now.finished - then.finished,
-        now.failed - then.failed,
-        _since(now.ttft, then.ttft, ttft.bounds),
-        _since(now.itl, then.itl, itl.bounds),
-    )
+def _buckets(histogram: Histogram) -> BucketCounts:
+    pairs = histogram.cumulative()
+    return BucketCounts(tuple(bound for bound, _ in pairs), tuple(float(n) for _, n in pairs), histogram.total)
 
 
 @dataclass
@@ -109,7 +100,8 @@ class Canary:
     """Each decision's line, oldest first."""
     decisions: Counter[str] = field(default_factory=Counter)
     _began: float = 0.0
-    _marks: tuple[_Mark, _Mark, tuple[int, int]] = (_Mark(), _Mark(), (0, 0))
+    _marks: tuple[_Mark, _Mark, tuple[int, int]] | None = None
+    """The baseline's and the candidate's marks and the mirror's (identical, compared) at the step's start."""
     _waiting: bool = False
 
     @property
@@ -135,25 +127,22 @@ class Canary:
 
     def verdict(self, telemetry: Telemetry, agreement: Agreement) -> judge.Verdict:
         """The candidate against the baseline over the step so far."""
-        windows = []
-        for engine, then in ((self.baseline, self._marks[0]), (self.candidate, self._marks[1])):
-            stats = telemetry.engines.get((engine, self.split)) or EngineStats()
-            windows.append(_window(_mark(stats), then, stats.ttft, stats.itl))
+        assert self._marks is not None, "begin() starts every step"
+        baseline, candidate, (identical_then, compared_then) = self._marks
+        ours = _mark(telemetry.engines.get((self.baseline, self.split))).since(baseline)
+        theirs = _mark(telemetry.engines.get((self.candidate, self.split))).since(candidate)
         identical, compared = _agreed(agreement, self.baseline, self.candidate)
-        mirrored = (identical - self._marks[2][0], compared - self._marks[2][1])
-        return judge.judge(windows[0], windows[1], _limits(self.section), mirrored if compared else None)
+        mirrored = (identical - identical_then, compared - compared_then) if compared else None
+        return judge.judge(ours, theirs, _limits(self.section), mirrored)
 
     def tick(self, telemetry: Telemetry, agreement: Agreement, now: float) -> bool:
         """Judge the step when it has lasted long enough; True when the weights changed."""
         section = self.section
         if self.state != RUNNING or now - self._began < section.step_s:
             return False
-        stats = telemetry.engines.get((self.candidate, self.split))
-        answered = _mark(stats)
-        if (
-            answered.finished + answered.failed - self._marks[1].finished - self._marks[1].failed
-            < section.step_requests
-        ):
+        assert self._marks is not None, "begin() starts every step"
+        answered = _mark(telemetry.engines.get((self.candidate, self.split))).since(self._marks[1])
+        if answered.finished + answered.failed < section.step_requests:
             return False
         verdict = self.verdict(telemetry, agreement)
         at = f"step {self.step + 1} ({self.candidate} {self.weight}%)"
