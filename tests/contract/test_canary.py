@@ -24,6 +24,8 @@ from openengine_gateway.core.canary import Canary
 from openengine_gateway.routes_cli import render
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.testing import RunningGateway, serve_backends
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import mock
 
@@ -41,6 +43,16 @@ class Canaried:
     @property
     def canary(self) -> Canary:
         return self.running.gateway.canaries.running["ab"]
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The exporter's page as a scraper parses it, by (sample name, sorted labels)."""
+        exporter = self.running.server.metrics
+        assert exporter is not None
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(generate_latest(exporter.registry).decode())
+            for sample in family.samples
+        }
 
     def weights(self) -> dict[str, int]:
         route = self.running.gateway.routes.get("ab")
@@ -105,7 +117,13 @@ async def test_an_equal_candidate_is_promoted_to_100(caplog: pytest.LogCaptureFi
         assert canary.state == "promoted", canary.evidence
         assert served.weights() == {"base": 0, "cand": 100}
         table = await routes_pb.RoutesStub(served.client.channel).GetRoutes(routes_pb.GetRoutesRequest())
+        page = served.metrics()
     assert outcomes == {"finished": sum(outcomes.values())}
+    assert page["openengine_gateway_canary_weight", (("engine", "cand"), ("split", "ab"))] == 100
+    assert page["openengine_gateway_canary_step", (("split", "ab"),)] == 2
+    assert page["openengine_gateway_canary_state", (("split", "ab"), ("state", "promoted"))] == 1
+    assert page["openengine_gateway_canary_state", (("split", "ab"), ("state", "running"))] == 0
+    assert page["openengine_gateway_canary_decisions_total", (("decision", "promote"), ("split", "ab"))] == 1
     assert canary.decisions["step"] == 2 and canary.decisions["promote"] == 1  # started, 25 -> 50, promoted
     held = [line for line in canary.evidence if line.startswith("held at step 1 (cand 25%): TTFT p90")]
     assert len(held) == 1 and held[0].endswith("cand up to 50%")
