@@ -116,17 +116,17 @@ class GenerationService:
             owner=current_caller().name,
         )
         self._registry.admit(active)
+        stats = self._telemetry.stats(engine.served_name, route.split_of(engine)) if self._telemetry else None
         try:
             events, encoder = self._open(engine, parsed, active)
-        except BaseException:
+        except BaseException as refused:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
+            if stats is not None and isinstance(refused, RequestError):
+                stats.ended("generate", REJECTED, refused.status.name)
             raise
         copy = None
         end = StreamEnd()
-        stats = clock = None
-        if self._telemetry is not None:
-            stats = self._telemetry.stats(engine.served_name, route.split_of(engine))
-            clock = StreamClock(stats, arrived)
+        clock = StreamClock(stats, arrived) if stats is not None else None
         try:
             if route.mirror is not None and self._mirroring is not None:
                 copy = self._mirroring.copy(route, engine, request)

@@ -7,8 +7,10 @@ import asyncio
 import uuid
 from collections import Counter
 
+import grpc
+import pytest
 from openengine_gateway import pb
-from openengine_gateway.client import EngineErrorEvent, OpenEngineClient, text_request
+from openengine_gateway.client import EngineErrorEvent, OpenEngineClient, StatusError, text_request
 from openengine_gateway.config import SplitSection
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.testing import serve_backends
@@ -26,7 +28,7 @@ def request(model: str) -> pb.GenerateRequest:
 
 async def test_each_engine_of_a_split_has_its_own_requests_latencies_and_tokens() -> None:
     """Engine ``b`` fails every request (``fault_rate`` 1), so the client knows which engine answered each."""
-    backends = [("a", mock(seed=1)), ("b", mock(seed=2, fault_rate=1.0))]
+    backends = [("a", mock(seed=1)), ("b", mock(seed=2, fault_rate=1.0)), ("c", mock(total_kv_blocks=128))]
     split = SplitSection(name="ab", engines={"a": 1, "b": 1})
     async with (
         serve_backends(backends, splits=[split], server_options=ServerOptions(metrics_port=0)) as running,
@@ -47,6 +49,10 @@ async def test_each_engine_of_a_split_has_its_own_requests_latencies_and_tokens(
             usage["completion"] += completion.usage.completion_tokens
 
         await asyncio.gather(*(one("ab") for _ in range(REQUESTS)), one("a"))
+        with pytest.raises(StatusError) as refused:  # by c's driver: two outputs need more KV blocks than it has
+            big = text_request("x" * 1000, model="c", request_id=uuid.uuid4().hex, max_tokens=1000, num_sequences=2)
+            await client.generate(big)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
         def settled(page: Scrape) -> bool:
             counts = (page.get(f"{E}_e2e_latency_seconds_count", engine=e, split="ab") for e in "ab")
@@ -74,6 +80,8 @@ async def test_each_engine_of_a_split_has_its_own_requests_latencies_and_tokens(
         == usage["prompt"]
     )
     assert page(f"{E}_completion_tokens_total", **a) == 4 * answered["a"]
+    c = {"engine": "c", "split": "", "kind": "generate"}
+    assert page(f"{E}_requests_total", outcome="rejected", code="INVALID_ARGUMENT", **c) == 1
     # the gateway-wide families are the sums over engines
     assert page("openengine_gateway_request_outcomes_total", kind="generate", outcome="failed") == answered["b"]
     assert page("openengine_gateway_completion_tokens_total") == usage["completion"]
