@@ -71,9 +71,8 @@ def outcome(*, finished: bool, failed: bool, aborted: bool) -> str:
 
 
 class EngineStats:
-    """The requests one engine answered under one route: what ``openengine_gateway_engine_*`` report.
-
-    ``split`` is the split's name when the request reached the engine through one, else ""."""
+    """The requests one engine answered through one split (or by its own name): what the
+    ``openengine_gateway_engine_*`` families report, and what a canary judges."""
 
     __slots__ = ("completion_tokens", "e2e", "itl", "prompt_tokens", "queued", "requests", "ttft")
 
