@@ -27,6 +27,7 @@ declared once, as a field of ``GatewaySection``: its default, bounds, ``--help``
 from __future__ import annotations
 
 import difflib
+import itertools
 import tomllib
 import typing
 from collections.abc import Iterable, Mapping
@@ -256,6 +257,58 @@ STICKY_SOURCES = ("cache_salt", "metadata.KEY")
 """Where a split finds a request's sticky key: ``kv.cache_salt``, or one entry of its ``metadata``."""
 
 
+class LatencyLimit(_Strict):
+    """A latency limit of a canary: the candidate's percentile at most ``max_ratio`` times the baseline's
+    (failing only where the Mann-Whitney U test also finds it slower, ``judge``)."""
+
+    percentile: float = Field(default=90.0, gt=0, lt=100)
+    max_ratio: float = Field(default=1.2, ge=1)
+
+
+class AnalysisLimits(_Strict):
+    """What a canary's candidate must hold at every step: a latency or agreement limit omitted is not
+    judged; the error rate always is."""
+
+    ttft: LatencyLimit | None = None
+    itl: LatencyLimit | None = None
+    error_rate_delta: float | None = Field(default=0.01, ge=0, le=1)
+    """The most the candidate's error rate may exceed the baseline's (the difference's interval must not lie above)."""
+    agreement: float | None = Field(default=None, gt=0, le=1)
+    """The least share of greedy outputs identical on both, from a mirror of the split to the candidate."""
+
+
+class AnalysisSection(_Strict):
+    """A split's canary (``[splits.analysis]``): the gateway steps the candidate's weight up while the
+    verdict against the baseline holds, and rolls it back to 0 when a limit fails (``core.canary``)."""
+
+    baseline: str = Field(min_length=1)
+    candidate: str = Field(min_length=1)
+    steps: list[int] = Field(default=[5, 25, 50, 100], min_length=1)
+    """The candidate's weight (percent of the two engines' traffic) at each step, rising, ending at 100."""
+    step_s: float = Field(default=60.0, gt=0)
+    """The least time a step lasts before it is judged."""
+    step_requests: int = Field(default=0, ge=0)
+    """The least requests the candidate answers in a step before it is judged."""
+    min_samples: int = Field(default=20, ge=2)
+    """Observations each side needs for a verdict; below it the step waits for more traffic."""
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+    """The significance level of the latency test."""
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    """Of the error-rate difference's interval."""
+    paused: bool = False
+    """Hold the current step (a reload pauses or resumes the canary with it)."""
+    limits: AnalysisLimits = AnalysisLimits()
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: list[int]) -> list[int]:
+        if any(not 0 < step <= 100 for step in steps) or any(a >= b for a, b in itertools.pairwise(steps)):
+            raise ValueError("steps rise strictly, each from 1 to 100")
+        if steps[-1] != 100 or len(steps) < 2:
+            raise ValueError("the last step is 100 (the candidate promoted), after at least one below it")
+        return steps
+
+
 class SplitSection(_Strict):
     """One name served by several engines (``[[splits]]``): each request goes to one of them, chosen
     by weight, or by its sticky key when it has one (``routes``)."""
@@ -268,6 +321,8 @@ class SplitSection(_Strict):
     sticky: list[str] = ["metadata.session", "cache_salt"]
     """Sticky key sources (``STICKY_SOURCES``), the first a request has wins: the same key always
     reaches the same engine while the weights stay, so a conversation keeps its prefix cache."""
+    analysis: AnalysisSection | None = None
+    """A canary: the baseline's and the candidate's weights are then the canary's, not ``engines``'."""
 
     @field_validator("engines")
     @classmethod
@@ -469,11 +524,14 @@ def engine_settings(
 
 __all__ = [
     "STICKY_SOURCES",
+    "AnalysisLimits",
+    "AnalysisSection",
     "Config",
     "CoreSettings",
     "EngineSection",
     "Flag",
     "GatewaySection",
+    "LatencyLimit",
     "MirrorSection",
     "PluginsSection",
     "SplitSection",

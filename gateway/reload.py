@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from .config import Config, MirrorSection, SplitSection, load_config
+from .config import AnalysisSection, Config, MirrorSection, SplitSection, load_config
 from .core.audit import audit
 from .core.callers import Caller
 from .errors import ConfigurationError
@@ -218,7 +218,17 @@ def _split_diff(before: SplitSection | None, after: SplitSection) -> str:
         old_list, new_list = getattr(before, field), getattr(after, field)
         if old_list != new_list:
             parts.append(f"{field} {', '.join(old_list) or 'none'} -> {', '.join(new_list) or 'none'}")
+    if before.analysis != after.analysis:
+        parts.append(_analysis_diff(before.analysis, after.analysis))
     return ", ".join(parts)
+
+
+def _analysis_diff(before: AnalysisSection | None, after: AnalysisSection | None) -> str:
+    if before is None or after is None:
+        return "analysis added (a canary starts)" if before is None else "analysis removed (its canary stops)"
+    if before.model_copy(update={"paused": after.paused}) == after:
+        return "analysis paused" if after.paused else "analysis resumed"
+    return "analysis changed (its canary starts again)"
 
 
 def _mirror_diff(before: MirrorSection | None, after: MirrorSection) -> str:

@@ -97,6 +97,11 @@ class Route:
             return engine
         return max(weighted, key=lambda pair: _rendezvous_score(key, pair[0].served_name, pair[1]))[0]
 
+    def split_of(self, engine: Engine) -> str:
+        """The split label of ``engine``'s requests through this route: the route's name when it is not the
+        engine's own (a split, even of one engine), else ""."""
+        return "" if self.name == engine.served_name else self.name
+
     def sticky_key(self, cache_salt: str | None, metadata: Mapping[str, str]) -> str | None:
         """The request's sticky key from the first of ``sticky``'s sources it has."""
         for source in self.sticky:
@@ -157,7 +162,9 @@ def plan_routes(
     """Resolve the sections' names against ``engine_names`` (each engine's served name and aliases ->
     its served name). A ``ConfigurationError`` names the entry (``splits[1]``, ``mirrors[0]``): an
     unknown engine, an engine listed twice, a name served twice, a mirror of no served name or of a
-    route mirrored already, a shadow that is no engine or already serves the route."""
+    route mirrored already, a shadow that is no engine or is the route's only engine (a split's own engine may
+    be its shadow: it gets copies of the requests the split's other engines answer, as a canary's agreement
+    needs)."""
     routes: dict[str, str] = dict(engine_names)
     """Every served name -> its route's name."""
     members: dict[str, tuple[str, ...]] = {served: (served,) for served in engine_names.values()}
@@ -174,6 +181,14 @@ def plan_routes(
             if served in engines:
                 raise ConfigurationError(f"{label}: engine {served!r} is listed twice")
             engines.append(served)
+        analysis = split.analysis
+        if analysis is not None:
+            sides = [engine_names.get(analysis.baseline), engine_names.get(analysis.candidate)]
+            if any(side not in engines for side in sides) or sides[0] == sides[1]:
+                raise ConfigurationError(
+                    f"{label}: analysis: baseline {analysis.baseline!r} and candidate {analysis.candidate!r} must be "
+                    f"two engines of the split ({', '.join(engines)})"
+                )
         for name in (split.name, *split.aliases):
             if name in routes:
                 raise ConfigurationError(f"splits[{position}]: model name {name!r} is served twice")
@@ -193,7 +208,7 @@ def plan_routes(
             raise ConfigurationError(
                 f"{label}: no engine is served as {section.shadow!r} (engines: {', '.join(engine_names)})"
             )
-        if shadow in members[route]:
+        if members[route] == (shadow,):
             raise ConfigurationError(f"{label}: the shadow {shadow!r} already serves {route!r}")
         planned_mirrors.append((section, route, shadow))
     return RoutePlan(tuple(planned_splits), tuple(planned_mirrors))

@@ -1,10 +1,12 @@
 """``openengine-gateway routes``: show a running gateway's splits and mirrors, or reload them.
 
-    openengine-gateway routes --target HOST:PORT [--reload] [--token T] [--ca FILE | --tls]
+    openengine-gateway routes --target HOST:PORT [--reload | --canary SPLIT ACTION] [--token T] [--ca FILE | --tls]
 
 ``--reload`` asks the gateway to re-read its configuration file (``ReloadRoutes``, a control
 token's call) and prints what changed, then the routes; a refused reload prints the gateway's
 reason. The same reload as SIGHUP to the gateway's process, for an operator on another machine.
+``--canary SPLIT ACTION`` pauses, resumes, promotes or aborts a split's canary (``ControlCanary``,
+a control token's call). A split's canary is printed under it, with the evidence of each decision.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from . import routes_pb
 from .client import ClientError, OpenEngineClient, StatusError
 from .client.connection_options import add_connection_options, connect_options
 
+ACTIONS = {
+    "pause": routes_pb.CANARY_ACTION_PAUSE,
+    "resume": routes_pb.CANARY_ACTION_RESUME,
+    "promote": routes_pb.CANARY_ACTION_PROMOTE,
+    "abort": routes_pb.CANARY_ACTION_ABORT,
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -31,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--target", required=True, help="host:port of the gateway")
     parser.add_argument("--reload", action="store_true", help="reload the routes first (needs a control token)")
+    parser.add_argument(
+        "--canary",
+        nargs=2,
+        metavar=("SPLIT", "ACTION"),
+        help="pause, resume, promote or abort the canary of SPLIT (needs a control token)",
+    )
     add_connection_options(parser)
     return parser
 
@@ -47,6 +62,8 @@ def render(routes: routes_pb.RouteTable) -> str:
         width = max((len(engine.engine) for engine in split.engines), default=0)
         for engine in split.engines:
             lines.append(f"  {engine.engine:<{width}}  weight {engine.weight:>4}  {100 * engine.weight / total:5.1f}%")
+        if split.HasField("canary"):
+            lines.extend(_canary(split.canary))
     for mirror in routes.mirrors:
         lines.append(
             f"mirror {mirror.name} -> {mirror.shadow}: {mirror.percent:g}% of requests, "
@@ -55,12 +72,25 @@ def render(routes: routes_pb.RouteTable) -> str:
     return "\n".join(lines)
 
 
+def _canary(canary: routes_pb.Canary) -> list[str]:
+    steps = ", ".join(f"[{s}]" if i + 1 == canary.step else str(s) for i, s in enumerate(canary.steps))
+    lines = [
+        f"  canary {canary.state}: {canary.candidate} against {canary.baseline} at {canary.weight}%, steps {steps}"
+    ]
+    lines.extend(f"    {line}" for line in canary.evidence)
+    return lines
+
+
 async def _run(args: argparse.Namespace) -> int:
     client = await OpenEngineClient.connect(args.target, **connect_options(args), check_compatibility=False)
     async with client:
         stub = routes_pb.RoutesStub(client.channel)
         try:
-            if args.reload:
+            if args.canary is not None:
+                split, action = args.canary
+                request = routes_pb.ControlCanaryRequest(split=split, action=ACTIONS[action])
+                routes = await stub.ControlCanary(request, metadata=client.call_metadata, timeout=30)
+            elif args.reload:
                 reloaded = await stub.ReloadRoutes(
                     routes_pb.ReloadRoutesRequest(), metadata=client.call_metadata, timeout=30
                 )
@@ -77,7 +107,12 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """Entry point of the ``routes`` subcommand."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.canary is not None and args.canary[1] not in ACTIONS:
+        parser.error(f"--canary SPLIT ACTION: ACTION is one of {', '.join(ACTIONS)}, not {args.canary[1]!r}")
+    if args.canary is not None and args.reload:
+        parser.error("--canary and --reload are two calls: run them one after the other")
     try:
         return asyncio.run(_run(args))
     except StatusError as exc:

@@ -1,7 +1,14 @@
 """The one import point for the generated ``openengine_gateway.v1`` modules: the gateway's own
 ``Routes`` service (proto/openengine_gateway/v1/routes.proto), beside the OpenEngine contract's ``pb``."""
 
+from ._generated.openengine_gateway.v1.routes_pb2 import CANARY_ACTION_ABORT as CANARY_ACTION_ABORT
+from ._generated.openengine_gateway.v1.routes_pb2 import CANARY_ACTION_PAUSE as CANARY_ACTION_PAUSE
+from ._generated.openengine_gateway.v1.routes_pb2 import CANARY_ACTION_PROMOTE as CANARY_ACTION_PROMOTE
+from ._generated.openengine_gateway.v1.routes_pb2 import CANARY_ACTION_RESUME as CANARY_ACTION_RESUME
 from ._generated.openengine_gateway.v1.routes_pb2 import DESCRIPTOR as _FILE
+from ._generated.openengine_gateway.v1.routes_pb2 import Canary as Canary
+from ._generated.openengine_gateway.v1.routes_pb2 import CanaryAction as CanaryAction
+from ._generated.openengine_gateway.v1.routes_pb2 import ControlCanaryRequest as ControlCanaryRequest
 from ._generated.openengine_gateway.v1.routes_pb2 import GetRoutesRequest as GetRoutesRequest
 from ._generated.openengine_gateway.v1.routes_pb2 import Mirror as Mirror
 from ._generated.openengine_gateway.v1.routes_pb2 import ReloadRoutesRequest as ReloadRoutesRequest

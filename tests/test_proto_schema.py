@@ -1138,7 +1138,7 @@ def test_the_gateways_own_service_is_in_a_package_of_its_own() -> None:
     service = routes_pb.SERVICE_DESCRIPTOR
     assert service.full_name == routes_pb.SERVICE_NAME == "openengine_gateway.v1.Routes"
     assert service.file.name == "openengine_gateway/v1/routes.proto" and not service.file.dependencies
-    assert [method.name for method in service.methods] == ["GetRoutes", "ReloadRoutes"]
+    assert [method.name for method in service.methods] == ["GetRoutes", "ReloadRoutes", "ControlCanary"]
 
 
 # -- files ------------------------------------------------------------------------------------

@@ -110,3 +110,39 @@ async def test_sighup_and_the_routes_command_change_the_weights_while_serving(tm
         ]
         assert await gateway.stop() == 0
     assert "by token 'operator' from" in gateway.log.read_text()
+
+
+async def test_the_routes_command_shows_and_controls_a_canary_and_sighup_pauses_it(tmp_path: Path) -> None:
+    config = tmp_path / "plugins.toml"
+    analysis = '\n[splits.analysis]\nbaseline = "a"\ncandidate = "b"\nsteps = [10, 100]\nstep_s = 3600\n'
+    config.write_text(_file(1, 0) + analysis)
+    (tmp_path / "control").write_text(f"operator {CONTROL}\n")
+    (tmp_path / "control").chmod(0o600)
+    async with gateway_process("--config", str(config), "--control-token-file", "control", cwd=tmp_path) as gateway:
+        assert await _weights(gateway) == [("a", 90), ("b", 10)]  # the canary's first step, not the file's weights
+        code, out, _ = await _routes_command(gateway)
+        assert code == 0 and out.splitlines()[3:] == [
+            "  canary running: b against a at 10%, steps [10], 100",
+            "    started at step 1: b at 10%",
+        ]
+        code, _, err = await _routes_command(gateway, "--canary", "ab", "pause")
+        assert code == 1 and "UNAUTHENTICATED" in err  # no control token
+
+        config.write_text(_file(1, 0) + analysis + "paused = true\n")
+        gateway.process.send_signal(signal.SIGHUP)
+
+        async def paused() -> bool:
+            return "canary of split 'ab': paused by a reload" in gateway.log.read_text()
+
+        await _until("the reload's pause", paused)
+        code, out, err = await _routes_command(gateway, "--canary", "ab", "promote", "--token", CONTROL)
+        assert code == 0, err
+        assert "  canary promoted: b against a at 100%, steps [10], 100" in out.splitlines()
+        assert await _weights(gateway) == [("a", 0), ("b", 100)]
+        code, _, err = await _routes_command(gateway, "--canary", "ab", "abort", "--token", CONTROL)
+        assert code == 1 and "FAILED_PRECONDITION" in err and "has ended (promoted)" in err
+        code, _, err = await _routes_command(gateway, "--canary", "ab", "restart")
+        assert code == 2 and "ACTION is one of pause, resume, promote, abort" in err
+        assert await gateway.stop() == 0
+    log = gateway.log.read_text()
+    assert "audit: canary of split 'ab': promoted by token 'operator' from" in log

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from openengine_gateway import __version__, pb
-from openengine_gateway.errors import InvalidArgument, ResourceExhausted, Unavailable
+from openengine_gateway.errors import EngineFailure, InvalidArgument, ResourceExhausted, Unavailable
 from openengine_gateway.spi import (
     Backend,
     Classification,
@@ -91,6 +91,7 @@ class MockBackend(Backend[MockSettings]):
             core.on_crash = self.fail
         self._loras: LoadedAdapters[LoraAdapter] = LoadedAdapters("the mock engine")
         self._rng = np.random.default_rng([settings.seed, 0x73616D70])
+        self._faults = np.random.default_rng([settings.seed, 0x6661756C])
         self._arrivals = itertools.count()
         self._guide_checks = asyncio.Semaphore(GUIDE_CHECKS)
         self._started = False
@@ -180,6 +181,8 @@ class MockBackend(Backend[MockSettings]):
         max_tokens = resolve_max_tokens(request, len(prompt), settings.max_context_length, settings.max_output_tokens)
         count = 1 if prefill_only else request.sampling.num_sequences
         self._check_capacity(len(prompt), 0 if prefill_only else max_tokens, count)
+        if settings.fault_rate and self._faults.random() < settings.fault_rate:
+            return _failed(EngineFailure(pb.ERROR_CODE_INTERNAL, "injected fault (fault_rate)", retryable=True))
         core = self._rank(request)
         stopping = request.stopping
 
@@ -375,6 +378,13 @@ class MockBackend(Backend[MockSettings]):
         if not self.settings.enable_runtime_events:
             return super().runtime_events()
         return self._runtime_events.attach()
+
+
+def _failed(failure: EngineFailure) -> EventStream:
+    """A stream of an accepted request that ends with ``failure`` before any event."""
+    stream = EventStream()
+    stream.fail(failure)
+    return stream
 
 
 __all__ = ["MockBackend"]

@@ -41,6 +41,11 @@ class MockSettings(BackendSettings):
     prefill_time_per_token_s: float = Field(default=0.0, ge=0)
     decode_time_per_step_s: float = Field(default=0.0, ge=0)
 
+    # -- faults (a test's, not an upstream behaviour) ----------------------------------------
+    fault_rate: float = Field(default=0.0, ge=0, le=1)
+    """The share of accepted Generate requests that end at once with a retryable INTERNAL engine error,
+    drawn from the seed: an engine failing some requests, for a canary's error-rate limit."""
+
     # -- capability switches ----------------------------------------------------------------
     enable_text_input: bool = True
     enable_token_ids_input: bool = True

@@ -246,6 +246,8 @@ async def run(argv: Sequence[str]) -> int:
         parser.error("give --target HOST:PORT/MODEL (or --live METRICS_URL)")
     if args.window is not None or args.metrics_ca is not None:
         parser.error("--window and --metrics-ca go with --live")
+    if args.baseline is not None:
+        parser.error("--baseline goes with --live")
     try:
         spec, options = _workload(args), _options(args)
     except ValueError as error:

@@ -1,8 +1,11 @@
-"""``openengine-gateway bench --live METRICS_URL``: how a running gateway's mirrors agree.
+"""``openengine-gateway bench --live METRICS_URL``: how a running gateway's split engines compare, and
+how its mirrors agree.
 
-    openengine-gateway bench --live http://127.0.0.1:9100/metrics [--window 60] [--report DIR]
+    openengine-gateway bench --live http://127.0.0.1:9100/metrics [--window 60] [--baseline ENGINE]
+        [--json FILE] [--report DIR]
 
-Reads the ``openengine_gateway_mirror_*`` families of a gateway's Prometheus page (see
+Per split, the engines side by side with a verdict per candidate (``splits``). Then it reads the
+``openengine_gateway_mirror_*`` families of a gateway's Prometheus page (see
 ``server.metrics``) and prints, per (primary, shadow) pair of engines, the same kind of table as
 an offline run: copies compared, shed, skipped and cancelled, engine errors, the share of identical greedy
 outputs and where the others diverge, finish-reason agreement, and TTFT and ITL of each side.
@@ -15,22 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import ssl
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
-
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from ..core.agreement import COPY_OUTCOMES, SIDES, UNFINISHED
+from . import prom, splits
 from .errors import BenchError, ReportError
 from .plots import BucketPlot, prepare_directory, require_matplotlib, write_bucket_plots
 from .report import number, table
@@ -42,7 +44,6 @@ TIMEOUT_S = 10.0
 
 Pair = tuple[str, str]
 """(primary engine, shadow engine)."""
-K = TypeVar("K")
 
 
 @dataclass
@@ -66,57 +67,27 @@ class PairCounters:
     def minus(self, earlier: PairCounters) -> PairCounters:
         """What was counted since ``earlier``, a scrape of the same gateway."""
         return PairCounters(
-            copies=_minus(self.copies, earlier.copies),
-            errors=_minus(self.errors, earlier.errors),
-            outputs=_minus(self.outputs, earlier.outputs),
-            finish_reasons=_minus(self.finish_reasons, earlier.finish_reasons),
-            divergence=_minus_histograms(self.divergence, earlier.divergence),
-            ttft=_minus_histograms(self.ttft, earlier.ttft),
-            itl=_minus_histograms(self.itl, earlier.itl),
+            copies=prom.minus(self.copies, earlier.copies),
+            errors=prom.minus(self.errors, earlier.errors),
+            outputs=prom.minus(self.outputs, earlier.outputs),
+            finish_reasons=prom.minus(self.finish_reasons, earlier.finish_reasons),
+            divergence=prom.minus_histograms(self.divergence, earlier.divergence),
+            ttft=prom.minus_histograms(self.ttft, earlier.ttft),
+            itl=prom.minus_histograms(self.itl, earlier.itl),
         )
-
-
-RESTARTED = "the mirror counters went down during the window: the gateway restarted; run again"
-
-
-def _minus(now: Mapping[K, float], then: Mapping[K, float]) -> dict[K, float]:
-    difference = {key: value - then.get(key, 0.0) for key, value in now.items()}
-    if set(then) - set(now) or any(value < 0 for value in difference.values()):
-        raise BenchError(RESTARTED)
-    return difference
-
-
-def _minus_histograms(now: Mapping[K, BucketCounts], then: Mapping[K, BucketCounts]) -> dict[K, BucketCounts]:
-    try:
-        difference = {key: histogram.minus(then[key]) if key in then else histogram for key, histogram in now.items()}
-    except ValueError:  # other buckets: another gateway version
-        raise BenchError(RESTARTED) from None
-    if set(then) - set(now) or any(count < 0 for h in difference.values() for count in h.cumulative):
-        raise BenchError(RESTARTED)
-    return difference
 
 
 def difference(later: Mapping[Pair, PairCounters], earlier: Mapping[Pair, PairCounters]) -> dict[Pair, PairCounters]:
     """What each pair counted between two scrapes of one gateway; ``BenchError`` when it restarted between them."""
     if set(earlier) - set(later):
-        raise BenchError(RESTARTED)
+        raise BenchError(prom.RESTARTED)
     return {key: counters.minus(earlier.get(key, PairCounters())) for key, counters in later.items()}
 
 
 def parse(text: str, url: str) -> dict[Pair, PairCounters]:
-    """The mirror families of a Prometheus text page, by pair. Raises ``BenchError`` for a page that
-    is not one, or that has no mirror families (not a gateway's, or one from before mirrors)."""
-    prefix = f"{MIRROR}_"
-    try:
-        families = [f for f in text_string_to_metric_families(text) if f.name.startswith(prefix)]
-    except ValueError as error:
-        raise BenchError(f"{url} is not a Prometheus metrics page ({error})") from None
-    if not families:
-        raise BenchError(f"{url} has no {MIRROR}_* metrics: not an openengine-gateway metrics page, or an older one")
-    samples: dict[str, list[Sample]] = {}
-    for family in families:
-        for sample in family.samples:
-            samples.setdefault(sample.name.removeprefix(prefix), []).append(sample)
+    """The mirror families of a Prometheus text page, by pair (none when it has no mirror families).
+    Raises ``BenchError`` for a page that is not one."""
+    samples = prom.samples(text, url, f"{MIRROR}_")
     pairs: dict[Pair, PairCounters] = {}
 
     def pair(labels: Mapping[str, str]) -> PairCounters:
@@ -137,22 +108,9 @@ def parse(text: str, url: str) -> dict[Pair, PairCounters]:
         ("inter_token_latency_seconds", "side", lambda counters: counters.itl),
     ]
     for name, key, into in histograms:
-        for labels, histogram in _histograms(samples.get(f"{name}_bucket", []), samples.get(f"{name}_sum", [])):
+        for labels, histogram in prom.histograms(samples.get(f"{name}_bucket", []), samples.get(f"{name}_sum", [])):
             into(pair(labels))[labels[key]] = histogram
     return pairs
-
-
-def _histograms(buckets: list[Sample], sums: list[Sample]) -> Iterable[tuple[dict[str, str], BucketCounts]]:
-    """Each labelled histogram of these ``_bucket`` and ``_sum`` samples, its labels without ``le``."""
-    points: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
-    for sample in buckets:
-        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-        points.setdefault(labels, []).append((float(sample.labels["le"]), sample.value))
-    totals = {tuple(sorted(sample.labels.items())): sample.value for sample in sums}
-    for labels, bucket_points in points.items():
-        bucket_points.sort()
-        bounds, cumulative = zip(*bucket_points, strict=True)
-        yield dict(labels), BucketCounts(bounds, cumulative, totals.get(labels, 0.0))
 
 
 def fetch(url: str, ca: Path | None = None) -> str:
@@ -347,6 +305,12 @@ def add_live_options(parser: argparse.ArgumentParser, *, required: bool = False)
         "--window", type=_typed_seconds, metavar="S", help="with --live: report the S seconds from now, with rates"
     )
     live.add_argument("--metrics-ca", type=Path, metavar="FILE", help="with --live: CA certificate (PEM) of https://")
+    live.add_argument(
+        "--baseline",
+        metavar="ENGINE",
+        help="with --live: the engine (served name) each split's candidates are judged against, in the splits that "
+        "have it (default: the engine that answered the most)",
+    )
 
 
 def _typed_url(text: str) -> str:
@@ -376,12 +340,42 @@ def parser() -> argparse.ArgumentParser:
     live.add_argument(
         "--report", type=Path, metavar="DIR", help="write PNG plots into this directory (needs matplotlib)"
     )
+    live.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="write the splits' figures and verdicts and the mirrors' as JSON "
+        "to this file ('-' for stdout, instead of the tables)",
+    )
     return live
 
 
+@dataclass(frozen=True)
+class Page:
+    """What ``--live`` reads of one scrape: the mirror pairs and the engines of each split."""
+
+    pairs: dict[Pair, PairCounters]
+    members: dict[splits.Member, splits.EngineCounters]
+
+    @classmethod
+    def read(cls, text: str, url: str) -> Page:
+        """The page's families; ``BenchError`` when it has neither the mirror nor the engine families."""
+        names = prom.family_names(text, url)
+        if not any(name.startswith((f"{MIRROR}_", f"{splits.ENGINE}_")) for name in names):
+            raise BenchError(
+                f"{url} has no {MIRROR}_* metrics (nor {splits.ENGINE}_*): not an openengine-gateway metrics page, "
+                "or an older one"
+            )
+        return cls(parse(text, url), splits.parse(text, url))
+
+    def since(self, earlier: Page) -> Page:
+        """What was counted between ``earlier`` and this scrape."""
+        return Page(difference(self.pairs, earlier.pairs), splits.difference(self.members, earlier.members))
+
+
 async def run(argv: list[str]) -> int:
-    """``bench --live ...``: 0 after a summary, 1 when nothing was copied, 2 (``BenchError``) when the
-    page cannot be read or has no mirror metrics."""
+    """``bench --live ...``: 0 after a summary, 1 when no split served and nothing was copied, 2
+    (``BenchError``) when the page cannot be read or has neither mirror nor engine metrics."""
     live = parser()
     args = live.parse_args(argv)
     if args.report is not None:
@@ -392,29 +386,66 @@ async def run(argv: list[str]) -> int:
             live.error(f"--report {args.report}: {error}")
     url: str = args.live
     started = datetime.now(UTC)
-    first = parse(await asyncio.to_thread(fetch, url, args.metrics_ca), url)
-    if args.window is None:
-        pairs, seconds, period = first, None, "since the gateway started"
-    else:
+    page = Page.read(await asyncio.to_thread(fetch, url, args.metrics_ca), url)
+    seconds: float | None = None
+    period = "since the gateway started"
+    if args.window is not None:
         began = time.monotonic()
         await asyncio.sleep(args.window)
-        later = parse(await asyncio.to_thread(fetch, url, args.metrics_ca), url)
+        later = Page.read(await asyncio.to_thread(fetch, url, args.metrics_ca), url)
         seconds = time.monotonic() - began
-        pairs = difference(later, first)
+        page = later.since(page)
         period = f"over {seconds:.1f}s from {started:%Y-%m-%d %H:%M:%S %Z}"
-    if not pairs:
+    summaries = summarize(page.pairs, seconds)
+    agreement = {(s.primary, s.shadow): _agreement(s) for s in summaries}
+    comparisons = splits.compare(page.members, agreement, args.baseline)
+    if not page.pairs and not comparisons:
         print(
-            f"openengine-gateway bench: {url}: no mirrored request yet (does the gateway have [[mirrors]]?)",
+            f"openengine-gateway bench: {url}: no mirrored request yet (does the gateway have [[mirrors]]?), "
+            "and no request through a split",
             file=sys.stderr,
         )
         return 1
-    summaries = summarize(pairs, seconds)
-    print(f"Mirror agreement at {url}, {period}")
-    print(to_text(summaries))
-    if args.report is not None:
-        written = write_bucket_plots(plots(pairs), args.report, f"{url}, {period}")
+    if args.json is not None:
+        document = {
+            "url": url,
+            "period": period,
+            "method": splits.method(),
+            "splits": [splits.to_json(comparison, seconds) for comparison in comparisons],
+            "mirrors": [_pair_json(summary) for summary in summaries],
+        }
+        text = json.dumps(document, indent=2, default=str)
+        if str(args.json) == "-":
+            print(text)
+            return 0
+        args.json.write_text(text + "\n")
+    for comparison in comparisons:
+        print(f"Split {comparison.split} at {url}, {period}")
+        print(splits.to_text(comparison, seconds))
+        print()
+    if comparisons:
+        print(splits.method())
+    if page.pairs:
+        print(f"Mirror agreement at {url}, {period}")
+        print(to_text(summaries))
+    if args.report is not None and page.pairs:
+        written = write_bucket_plots(plots(page.pairs), args.report, f"{url}, {period}")
         print(f"report: {', '.join(p.name for p in written)} in {args.report}")
-    return 0 if any(sum(s.copies.values()) for s in summaries) else 1
+    served = any(sum(c.requests.values()) for counters in comparisons for c in counters.engines.values())
+    return 0 if served or any(sum(s.copies.values()) for s in summaries) else 1
+
+
+def _agreement(summary: PairSummary) -> tuple[int, int]:
+    """(identical, compared) greedy outputs of a pair, over both bases."""
+    outputs = sum(basis.outputs for basis in summary.agreement.values())
+    identical = sum(round((basis.identical or 0) * basis.outputs) for basis in summary.agreement.values())
+    return identical, outputs
+
+
+def _pair_json(summary: PairSummary) -> dict[str, object]:
+    values = dataclasses.asdict(summary)
+    values["errors"] = {f"{side}/{code}": n for (side, code), n in summary.errors.items()}
+    return values
 
 
 __all__ = [

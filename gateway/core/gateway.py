@@ -19,9 +19,12 @@ from ..config import CoreSettings, MirrorSection, SplitSection
 from ..contract.bounds import FieldBounds, advertise_bounds
 from ..contract.limits import RequestLimits, advertise_task_limits
 from ..engines import EngineSet
+from ..errors import ConfigurationError
 from ..routes import RouteTable
 from .agreement import Agreement
 from .background import BackgroundTasks
+from .callers import current_caller
+from .canary import Canaries
 from .discovery import DiscoveryService
 from .events import EventService
 from .generation import GenerationService
@@ -86,7 +89,10 @@ class Gateway:
         for engine in engines:
             advertise_task_limits(engine.model_info, limits)
             advertise_bounds(engine.model_info, bounds)
-        engines.reroute(splits, mirrors)  # a split advertises what its engines do, as the gateway narrows it
+        self.canaries = Canaries(
+            self.telemetry, self.agreement, {name: engine.served_name for engine in engines for name in engine.names}
+        )
+        self.reroute(splits, mirrors)  # a split advertises what its engines do, as the gateway narrows it
         self.mirroring = Mirroring(self.background, self.agreement)
         instance_id = options.instance_id or (
             next(iter(engines)).facts.instance_id if len(engines) == 1 else uuid.uuid4().hex
@@ -150,6 +156,7 @@ class Gateway:
         )
         self.monitor = EngineMonitor(engines, self.registry, self.state, interval_s=options.health_poll_s)
         self._monitor_task: asyncio.Task[None] | None = None
+        self._canary_task: asyncio.Task[None] | None = None
 
     @property
     def routes(self) -> RouteTable:
@@ -158,8 +165,37 @@ class Gateway:
 
     def reroute(self, splits: Sequence[SplitSection], mirrors: Sequence[MirrorSection]) -> RouteTable:
         """Serve these splits and mirrors from now on; validated first (a ``ConfigurationError`` names the
-        bad entry and changes nothing). Requests already running keep their engines and copies."""
-        return self.engines.reroute(splits, mirrors)
+        bad entry and changes nothing). Requests already running keep their engines and copies. A split's
+        canary keeps running while its analysis stays the same, and sets its two engines' weights."""
+        if self.siblings is not None and any(split.analysis for split in splits):
+            raise ConfigurationError(
+                "a split's analysis (a canary) needs one gateway process: each of --frontends would judge and "
+                "step its own share of the traffic; serve it with --frontends 1"
+            )
+        canaries, weighted = self.canaries.plan(splits)
+        table = self.engines.reroute(weighted, mirrors)
+        self.canaries.commit(canaries, weighted)
+        return table
+
+    def control_canary(self, split: str, action: str) -> RouteTable:
+        """An operator's ``action`` (``canary.ACTIONS``) on ``split``'s canary, by the current caller."""
+        if self.canaries.control(split, action, current_caller()):
+            self._apply_canaries()
+        return self.routes
+
+    def _apply_canaries(self) -> None:
+        routes = self.engines.routes
+        self.engines.reroute(self.canaries.weighted(routes.splits), routes.mirrors)
+
+    async def _drive_canaries(self) -> None:
+        """Judge every canary now and then; swap the routes when one moved its candidate."""
+        while True:
+            await asyncio.sleep(self.canaries.interval_s())
+            try:
+                if self.canaries.tick():
+                    self._apply_canaries()
+            except Exception:  # broad on purpose: a canary's failure must not stop the others, nor serving
+                log.exception("canary analysis failed")
 
     @property
     def serving(self) -> bool:
@@ -174,6 +210,7 @@ class Gateway:
         """Begin serving: start event pumps and the engine monitor, and admit requests."""
         self.events.start()
         self._monitor_task = asyncio.create_task(self.monitor.run(), name="engine monitor")
+        self._canary_task = asyncio.create_task(self._drive_canaries(), name="canaries")
         self.state.started = True
 
     async def settle(self, drain_timeout_s: float) -> None:
@@ -193,10 +230,11 @@ class Gateway:
     async def stop(self, *, drain_timeout_s: float = 0.0) -> None:
         """``settle``, then finish background work and stop every engine."""
         await self.settle(drain_timeout_s)
-        if self._monitor_task is not None:
-            self._monitor_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor_task
+        for task in (self._monitor_task, self._canary_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.background.wait(5.0)
         self.background.cancel_all()
         for engine in self.engines:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Container
 
 from .. import pb
@@ -37,11 +38,18 @@ from .mirror import Mirroring, SideRecorder
 from .registry import ActiveRequest, RequestRegistry
 from .state import GatewayState
 from .stream_end import Ending, StreamEnd
-from .telemetry import StreamClock, Telemetry
+from .telemetry import OK, REJECTED, EngineStats, StreamClock, Telemetry
 from .unread import UnreadLedger, UnreadMeter
 
 log = logging.getLogger(__name__)
 
+ENDING_CODES = {
+    Ending.FINISHED: OK,
+    Ending.FAILED: "INTERNAL",
+    Ending.ABORTED: "ABORTED",
+    Ending.CANCELLED: "CANCELLED",
+}
+"""The code counted for a stream that ended so (a failed one's is its ``EngineError`` code when it has one)."""
 REPORTED_ABORT_GRACE_S = 5.0
 """How long an engine that reports its own cancellation has to end an aborted stream."""
 
@@ -101,6 +109,7 @@ class GenerationService:
 
     async def generate(self, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """The response stream of one Generate call."""
+        arrived = time.perf_counter()
         route, engine, parsed = self.prepare(request)
         owner = current_caller().name
         client_id = parsed.request_id
@@ -115,29 +124,37 @@ class GenerationService:
             owner=owner,
         )
         self._registry.admit(active)
+        stats = self._telemetry.stats(engine.served_name, route.split_of(engine)) if self._telemetry else None
         try:
             events, encoder, meter = self._open(engine, parsed, active)
-        except BaseException:
+        except BaseException as refused:
             self._registry.release(active, finished=False)  # rejected: never accepted, so never finished
+            if stats is not None and isinstance(refused, RequestError):
+                stats.ended("generate", REJECTED, refused.status.name)
             raise
         copy = None
         end = StreamEnd()
+        clock = StreamClock(stats, arrived) if stats is not None else None
         try:
             if route.mirror is not None and self._mirroring is not None:
                 copy = self._mirroring.copy(route, engine, request)
-            clock = self._telemetry.clock() if self._telemetry is not None else None
             async for message in _encode(events, encoder, active, engine.faults, clock, copy.primary if copy else None):
                 end.final = message
                 active.ended = encoder.done  # from its final message on, an Abort finds it finished
                 yield message
             end.read_all(complete=encoder.done)
-        except RequestError:
+        except RequestError as refused:
             end.rejected = True  # refused before its first message
+            if stats is not None:
+                stats.ended("generate", REJECTED, refused.status.name)
             raise
         finally:
             active.ended = True
             ending = self._close(engine, active, events, end)
             meter.close()
+            if stats is not None and clock is not None and ending is not Ending.REJECTED:
+                clock.ended()
+                _account(stats, end.final, ending)
             if copy is not None:
                 copy.primary_ended(finished=ending is Ending.FINISHED)
 
@@ -179,8 +196,6 @@ class GenerationService:
             else:  # the client went away while its handoff was being written
                 self._release(engine, session_id)
         events.detach()
-        if self._telemetry is not None and ending is not Ending.REJECTED:
-            _account(self._telemetry, final, ending)
         return ending
 
     def _release(self, engine: Engine, session_id: str) -> None:
@@ -215,11 +230,17 @@ def _cancel_if_open(events: EventStream) -> None:
         events.cancel()
 
 
-def _account(telemetry: Telemetry, final: pb.GenerateResponse | None, ending: Ending) -> None:
-    """Count how an accepted stream ended, and its tokens when its final message carried usage."""
-    telemetry.ended("generate", ending.value)
+def _account(stats: EngineStats, final: pb.GenerateResponse | None, ending: Ending) -> None:
+    """Count how an accepted stream ended (a failure by its ``EngineError`` code), and its tokens when its
+    final message carried usage."""
+    if ending is Ending.FAILED and final is not None:
+        code = pb.ErrorCode.Name(final.error.code).removeprefix("ERROR_CODE_")
+    else:
+        code = ENDING_CODES[ending]
+    stats.ended("generate", ending.value, code)
     if final is not None and final.HasField("usage"):
-        telemetry.usage(final.usage.prompt_tokens, final.usage.completion_tokens)
+        stats.prompt_tokens += final.usage.prompt_tokens
+        stats.completion_tokens += final.usage.completion_tokens
     log.debug("generate ended: %s", ending.value)
 
 

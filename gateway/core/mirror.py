@@ -172,9 +172,10 @@ class Mirroring:
 
     def copy(self, route: Route, engine: Engine, request: pb.GenerateRequest) -> ShadowCopy | None:
         """A running copy of ``request`` (accepted for ``engine`` on ``route``), or None when the route is
-        not mirrored, this request is not sampled, the mirror is full (shed) or the shadow would refuse it."""
+        not mirrored, ``engine`` is the shadow (a split's own engine shadowing the others), this request is not
+        sampled, the mirror is full (shed) or the shadow would refuse it."""
         mirror = route.mirror
-        if mirror is None or not mirror.sampled():
+        if mirror is None or mirror.shadow is engine or not mirror.sampled():
             return None
         shadow = mirror.shadow
         pair = (engine.served_name, shadow.served_name)

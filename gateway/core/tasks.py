@@ -33,7 +33,7 @@ from .lora import LoraRegistry
 from .registry import ActiveRequest, RequestRegistry
 from .results import classify_messages, embed_messages, score_messages
 from .state import GatewayState
-from .telemetry import Telemetry, outcome
+from .telemetry import OK, REJECTED, Telemetry, outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,10 +69,10 @@ class TaskService:
         request: pb.EmbedRequest | pb.ClassifyRequest | pb.ScoreRequest,
         inputs: Iterable[pb.TaskInput],
         parse: Callable[[pb.ModelInfo], C],
-    ) -> tuple[Engine, C]:
-        """The engine and the parsed call, checked in order: an unknown model (NOT_FOUND), the
-        operator's caps on each input (RESOURCE_EXHAUSTED, before parsing looks at what they hold),
-        what the model advertises (INVALID_ARGUMENT past an advertised limit, which
+    ) -> tuple[Engine, str, C]:
+        """The engine, its split label (``Route.split_of``) and the parsed call, checked in order: an
+        unknown model (NOT_FOUND), the operator's caps on each input (RESOURCE_EXHAUSTED, before parsing
+        looks at what they hold), what the model advertises (INVALID_ARGUMENT past an advertised limit, which
         ``--max-task-items`` narrows), the operator's cap on the count, then the engine's readiness.
         The bounds on identifiers and metadata come first of all."""
         context = request.context
@@ -87,12 +87,13 @@ class TaskService:
         check_task_count(count, self._limits)
         self._state.check_engine(engine.served_name)
         scoped = scoped_id(current_caller().name, call.context.request_id)  # what the engine knows
-        return engine, dataclasses.replace(call, context=dataclasses.replace(call.context, request_id=scoped))
+        call = dataclasses.replace(call, context=dataclasses.replace(call.context, request_id=scoped))
+        return engine, route.split_of(engine), call
 
     async def embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         """Embeddings for every input, in order."""
-        engine, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
-        answer = await self._run(engine, call.context, "embed", lambda: engine.backend.embed(call))
+        engine, split, call = self._route(request, request.inputs, lambda info: rules.parse_embed(request, info))
+        answer = await self._run(engine, split, call.context, "embed", lambda: engine.backend.embed(call))
         outputs, usage = embed_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
         response = _assembled(
             engine, "embed", lambda: rules.finish_embed(call, outputs, usage, engine.model_info.tasks.embed)
@@ -102,8 +103,8 @@ class TaskService:
 
     async def classify(self, request: pb.ClassifyRequest) -> pb.ClassifyResponse:
         """Class scores for every input, in order."""
-        engine, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
-        answer = await self._run(engine, call.context, "classify", lambda: engine.backend.classify(call))
+        engine, split, call = self._route(request, request.inputs, lambda info: rules.parse_classify(request, info))
+        answer = await self._run(engine, split, call.context, "classify", lambda: engine.backend.classify(call))
         outputs, usage = classify_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
         response = _assembled(
             engine, "classify", lambda: rules.finish_classify(call, outputs, usage, engine.model_info.tasks.classify)
@@ -113,8 +114,8 @@ class TaskService:
 
     async def score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         """Scores for every candidate of every group, in order."""
-        engine, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
-        answer = await self._run(engine, call.context, "score", lambda: engine.backend.score(call))
+        engine, split, call = self._route(request, score_inputs(request), lambda info: rules.parse_score(request, info))
+        answer = await self._run(engine, split, call.context, "score", lambda: engine.backend.score(call))
         result, usage = score_messages(answer)  # the gateway's own code from here: its bug stays INTERNAL
         response = _assembled(
             engine, "score", lambda: rules.finish_score(call, result, usage, engine.model_info.tasks.score)
@@ -122,9 +123,12 @@ class TaskService:
         response.request_id = request.context.request_id  # as the client sent it
         return response
 
-    async def _run(self, engine: Engine, context: TaskContext, method: str, start: Callable[[], Awaitable[T]]) -> T:
+    async def _run(
+        self, engine: Engine, split: str, context: TaskContext, method: str, start: Callable[[], Awaitable[T]]
+    ) -> T:
         """Admit, run the driver's ``method`` call abortably, check its result's types, and turn any failure
-        into a status: the driver's mistakes a retryable UNAVAILABLE naming it (``core.driver_faults``)."""
+        into a status: the driver's mistakes a retryable UNAVAILABLE naming it (``core.driver_faults``).
+        Counted under ``engine`` and ``split``."""
         work = _started(start)
         try:
             if context.lora_name is not None:
@@ -141,6 +145,7 @@ class TaskService:
         active.stop = lambda _reason: task.cancel()
         active.on_failure = lambda _failure: task.cancel()
         finished = failed = rejected = False
+        code = OK
         try:
             result = _checked(method, await task)
             finished = True
@@ -149,19 +154,24 @@ class TaskService:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
                 if active.aborted:
+                    code = "ABORTED"
                     raise Cancelled(f"request {clip(active.client_id)} was aborted: {active.abort_reason}") from None
                 if active.failure is not None:
                     failed = True
+                    code = pb.ErrorCode.Name(active.failure.code).removeprefix("ERROR_CODE_")
                     raise Unavailable(active.failure.message, retry_after_ms=active.failure.retry_after_ms) from None
+            code = "CANCELLED"
             raise
         except Exception as exc:  # broad on purpose: unary failures must become a status
             failed = True
             rejected = isinstance(exc, RequestError)  # the driver refused it: never accepted, as in Generate
             if not isinstance(exc, RequestError | EngineFailure):
+                code = "UNAVAILABLE"
                 if isinstance(exc, _WrongResult):
                     raise engine.faults.unavailable(f"{method} {exc}") from None
                 raise engine.faults.unavailable(f"{method} raised {escaped(exc)}", exc) from None
             error = as_status_error(exc)
+            code = error.status.name
             if isinstance(error, Internal):
                 log.error("task %s failed", context.request_id, exc_info=exc)
             raise error from None
@@ -172,8 +182,9 @@ class TaskService:
             else:
                 task.cancel()
                 abort_then_release(self._background, self._registry, engine, active)
-            if self._telemetry is not None and not rejected:
-                self._telemetry.ended("task", outcome(finished=finished, failed=failed, aborted=active.aborted))
+            if self._telemetry is not None:
+                ended = REJECTED if rejected else outcome(finished=finished, failed=failed, aborted=active.aborted)
+                self._telemetry.stats(engine.served_name, split).ended("task", ended, code)
 
 
 class _WrongResult(Exception):

@@ -19,9 +19,19 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Seconds between consecutive token messages of one request."""
 
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+"""Seconds from acceptance to the end of a request."""
+QUEUE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Seconds from a request's arrival in the core to its engine's stream being opened: the gateway's own
+validation, routing and admission (the gateway holds no queue: past ``max_in_flight`` it refuses)."""
+
 OUTCOMES = ("finished", "failed", "aborted", "cancelled")
 """How a request ended: completed; ended by an engine error; stopped by Abort or a drain;
 left by its client (cancellation or deadline)."""
+REJECTED = "rejected"
+"""Per engine only: refused by the engine's driver before acceptance (its gRPC status is the code)."""
+OK = "OK"
+"""The code of a finished request."""
 
 
 class Histogram:
@@ -39,6 +49,12 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
+    def add(self, other: Histogram) -> None:
+        """Add ``other``'s observations (the same bounds)."""
+        for index, count in enumerate(list(other.counts)):
+            self.counts[index] += count
+        self.total += other.total
+
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, observations <= bound)`` pairs, ending with ``(inf, count)``."""
         result = []
@@ -54,50 +70,111 @@ def outcome(*, finished: bool, failed: bool, aborted: bool) -> str:
     return "finished" if finished else "failed" if failed else "aborted" if aborted else "cancelled"
 
 
-class Telemetry:
-    """The gateway's request measurements, one instance per gateway."""
+class EngineStats:
+    """The requests one engine answered through one split (or by its own name): what the
+    ``openengine_gateway_engine_*`` families report, and what a canary judges."""
+
+    __slots__ = ("completion_tokens", "e2e", "itl", "prompt_tokens", "queued", "requests", "ttft")
 
     def __init__(self) -> None:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.queued = Histogram(QUEUE_BUCKETS)
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.outcomes: dict[tuple[str, str], int] = {
-            (kind, outcome): 0 for kind in ("generate", "task") for outcome in OUTCOMES
-        }
+        self.requests: dict[tuple[str, str, str], int] = {}
+        """(kind, outcome, code) -> requests; ``code`` is the ``EngineError`` code of a failed stream, the
+        gRPC status of a refused or failed call, ``OK`` for a finished one, ``ABORTED`` or ``CANCELLED``."""
 
-    def clock(self) -> StreamClock:
-        """A clock for one accepted Generate stream, started now."""
-        return StreamClock(self)
+    def ended(self, kind: str, outcome: str, code: str) -> None:
+        """Count one request of ``kind`` that ended with ``outcome`` and ``code``."""
+        key = (kind, outcome, code)
+        self.requests[key] = self.requests.get(key, 0) + 1
 
-    def ended(self, kind: str, outcome: str) -> None:
-        """Count one request of ``kind`` (generate, task) that ended with ``outcome``."""
-        self.outcomes[kind, outcome] += 1
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Add one request's final token counts."""
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+class Telemetry:
+    """The gateway's request measurements, per (engine, split); one instance per gateway.
+
+    The gateway-wide figures are the sums over engines, added up at scrape time, so a token is
+    observed once, into its engine's histogram. The keys are served names from the configuration
+    (an engine's, a split's), never a client's text, so their number is bounded by the
+    configurations served."""
+
+    def __init__(self) -> None:
+        self.engines: dict[tuple[str, str], EngineStats] = {}
+        """(engine served name, split name or "") -> its requests' statistics, from its first request on."""
+
+    def stats(self, engine: str, split: str) -> EngineStats:
+        """The statistics of ``engine``'s requests through ``split`` ("" when addressed by its own name)."""
+        stats = self.engines.get((engine, split))
+        if stats is None:
+            stats = self.engines[engine, split] = EngineStats()
+        return stats
+
+    def merged(self, name: str) -> Histogram:
+        """One histogram of ``EngineStats`` (``ttft``, ``itl``, ``e2e``, ``queued``) summed over every engine."""
+        merged = Histogram(getattr(EngineStats(), name).bounds)
+        for histogram in [getattr(stats, name) for stats in list(self.engines.values())]:
+            merged.add(histogram)
+        return merged
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(stats.prompt_tokens for stats in list(self.engines.values()))
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(stats.completion_tokens for stats in list(self.engines.values()))
+
+    @property
+    def outcomes(self) -> dict[tuple[str, str], int]:
+        """(kind, outcome) -> accepted requests, over every engine (every pair present, 0 or more)."""
+        totals = {(kind, outcome): 0 for kind in ("generate", "task") for outcome in OUTCOMES}
+        for stats in list(self.engines.values()):
+            for (kind, outcome, _code), count in list(stats.requests.items()):
+                if outcome != REJECTED:
+                    totals[kind, outcome] += count
+        return totals
 
 
 class StreamClock:
-    """Time to first token and gaps between token messages of one stream."""
+    """Time queued, to first token, between token messages and to the end of one stream."""
 
-    __slots__ = ("_last", "_start", "_telemetry")
+    __slots__ = ("_last", "_start", "_stats")
 
-    def __init__(self, telemetry: Telemetry) -> None:
-        self._telemetry = telemetry
+    def __init__(self, stats: EngineStats, arrived: float) -> None:
+        """Started now, for a stream accepted now; ``arrived``: ``perf_counter`` when it reached the core."""
+        self._stats = stats
         self._start = time.perf_counter()
         self._last = 0.0
+        stats.queued.observe(self._start - arrived)
 
     def token(self) -> None:
         """A token message is being sent now."""
         now = time.perf_counter()
         if self._last:
-            self._telemetry.itl.observe(now - self._last)
+            self._stats.itl.observe(now - self._last)
         else:
-            self._telemetry.ttft.observe(now - self._start)
+            self._stats.ttft.observe(now - self._start)
         self._last = now
 
+    def ended(self) -> None:
+        """The stream is over: its end-to-end latency."""
+        self._stats.e2e.observe(time.perf_counter() - self._start)
 
-__all__ = ["ITL_BUCKETS", "OUTCOMES", "TTFT_BUCKETS", "Histogram", "StreamClock", "Telemetry", "outcome"]
+
+__all__ = [
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "OK",
+    "OUTCOMES",
+    "QUEUE_BUCKETS",
+    "REJECTED",
+    "TTFT_BUCKETS",
+    "EngineStats",
+    "Histogram",
+    "StreamClock",
+    "Telemetry",
+    "outcome",
+]

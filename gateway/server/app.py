@@ -190,7 +190,9 @@ class GatewayServer:
         pb_later.add_InferenceServicer_to_server(InferenceServicer(servicer, gateway), self._server)
         pb_later.add_ControlServicer_to_server(ControlServicer(servicer, gateway), self._server)
         reloader = reloader or RouteReloader(gateway, None, Config(), command_line=True)
-        routes_pb.add_RoutesServicer_to_server(RoutesServicer(reloader, gateway.siblings), self._server)
+        routes_pb.add_RoutesServicer_to_server(
+            RoutesServicer(reloader, gateway.siblings, gateway=gateway), self._server
+        )
         self._health = BoundedHealthServicer(
             max_watches=options.max_health_watches,
             max_watches_per_connection=options.max_health_watches_per_connection,

@@ -11,7 +11,7 @@ What each RPC needs is one table, ``RPC_ACCESS``, and what each scope reaches an
   a control token reaches every client's.
 * **Observe** (SubscribeKvEvents, SubscribeRuntimeEvents): an observer or control token. The
   streams carry every client's request ids and token ids, so an inference token never reads them.
-* **Control** (Abort of ``all_requests``, Drain, LoadLora, UnloadLora, the gateway's ReloadRoutes): a
+* **Control** (Abort of ``all_requests``, Drain, LoadLora, UnloadLora, the gateway's ReloadRoutes and ControlCanary): a
   control token.
 
 A control token grants everything. With no control token configured the inference tokens are
@@ -96,6 +96,7 @@ RPC_ACCESS: Mapping[str, Access] = MappingProxyType(
         "UnloadLora": Access.CONTROL,
         "GetRoutes": Access.DISCOVERY,  # openengine_gateway.v1.Routes, the gateway's own service
         "ReloadRoutes": Access.CONTROL,
+        "ControlCanary": Access.CONTROL,
     }
 )
 """What each RPC of OpenEngine (both layouts: ``openengine.v1.OpenEngine``, ``Inference`` and ``Control``, whose

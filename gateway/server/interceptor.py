@@ -58,7 +58,7 @@ RpcFinished = Callable[[str, str, str | None], None]
 """Called with the RPC name, its final status code name (``OK``, ``CANCELLED``...) and the name of
 the token it presented (None without a valid one)."""
 
-AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora", "ReloadRoutes"})
+AUDITED_RPCS = frozenset({"Abort", "Drain", "LoadLora", "UnloadLora", "ReloadRoutes", "ControlCanary"})
 """RPCs whose caller is bound even without tokens, for the audit record."""
 
 

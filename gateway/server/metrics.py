@@ -27,6 +27,29 @@ and the streaming path never touches a Prometheus lock.
     openengine_gateway_memory_shed_total                  new work refused for memory (RESOURCE_EXHAUSTED)
     openengine_gateway_health_watches                     open grpc.health.v1 Watch streams (``health_watch``)
 
+Per engine, labelled ``engine`` (the served name of the engine that answered) and ``split`` (the split's
+name when the request reached it through one, else ""), from the pair's first request on; bounded by the
+configuration, never by what clients send:
+
+    openengine_gateway_engine_requests_total{kind,outcome,code}  generate or task; finished, failed, aborted,
+                                                          cancelled, rejected (by the engine's driver); the
+                                                          EngineError code or gRPC status (OK when finished)
+    openengine_gateway_engine_time_to_first_token_seconds  histogram, acceptance to first token message
+    openengine_gateway_engine_inter_token_latency_seconds  histogram, gap between token messages
+    openengine_gateway_engine_e2e_latency_seconds         histogram, acceptance to the end of the stream
+    openengine_gateway_engine_queue_time_seconds          histogram, arrival to the engine's stream opened
+    openengine_gateway_engine_prompt_tokens_total         tokens in
+    openengine_gateway_engine_completion_tokens_total     tokens out
+
+The gateway-wide TTFT, ITL, token and outcome families are these summed over engines.
+
+Canaries (a split's ``analysis``), per split:
+
+    openengine_gateway_canary_weight{split,engine}        the candidate's weight now (percent)
+    openengine_gateway_canary_step{split}                 the current step, from 1
+    openengine_gateway_canary_state{split,state}          1 for running, paused, promoted, rolled back or aborted
+    openengine_gateway_canary_decisions_total{split,decision}  step, wait, promote, rollback, pause, resume, abort
+
 Mirrors (``[[mirrors]]``), per pair of engines, labelled ``primary`` and ``shadow``, from a pair's first copy on:
 
     openengine_gateway_mirror_copies_total{outcome}       compared, shed (full), skipped (shadow refuses), cancelled
@@ -51,9 +74,10 @@ from prometheus_client.registry import Collector
 
 from .. import pb
 from ..core.agreement import BASES, SIDES, Agreement
+from ..core.canary import DECISIONS, STATES, Canaries
 from ..core.gateway import Gateway
 from ..core.memory import MemoryBudget
-from ..core.telemetry import Histogram
+from ..core.telemetry import Histogram, Telemetry
 from .tls import TlsFiles
 
 PREFIX = "openengine_gateway"
@@ -163,8 +187,9 @@ class _GatewayCollector(Collector):
         )
         yield self._tokens()
         yield from self._engines()
-        yield _histogram(f"{PREFIX}_time_to_first_token_seconds", "Acceptance to first token message", telemetry.ttft)
-        yield _histogram(f"{PREFIX}_inter_token_latency_seconds", "Gap between token messages", telemetry.itl)
+        ttft, itl = telemetry.merged("ttft"), telemetry.merged("itl")
+        yield _histogram(f"{PREFIX}_time_to_first_token_seconds", "Acceptance to first token message", ttft)
+        yield _histogram(f"{PREFIX}_inter_token_latency_seconds", "Gap between token messages", itl)
         yield CounterMetricFamily(f"{PREFIX}_prompt_tokens", "Prompt tokens of ended streams", telemetry.prompt_tokens)
         yield CounterMetricFamily(
             f"{PREFIX}_completion_tokens", "Completion tokens of ended streams", telemetry.completion_tokens
@@ -187,6 +212,8 @@ class _GatewayCollector(Collector):
         dropped.add_metric(("runtime",), events.runtime.dropped_subscribers)
         yield dropped
         yield CounterMetricFamily(f"{PREFIX}_kv_event_gaps", "KV event gaps reported to subscribers", events.kv.gaps)
+        yield from _per_engine(telemetry)
+        yield from _canaries(gateway.canaries)
         yield from _mirrors(gateway.agreement)
         yield from _memory(gateway.registry.memory)
 
@@ -245,6 +272,65 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 
 def _histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, documentation, buckets=_buckets(histogram), sum_value=histogram.total)
+
+
+ENGINE_HISTOGRAMS = (
+    ("time_to_first_token_seconds", "ttft", "Acceptance to first token message"),
+    ("inter_token_latency_seconds", "itl", "Gap between token messages"),
+    ("e2e_latency_seconds", "e2e", "Acceptance to the end of the stream"),
+    ("queue_time_seconds", "queued", "Arrival in the gateway to the engine's stream opened (validation, routing)"),
+)
+"""Per-engine histograms: (family name after ``openengine_gateway_engine_``, ``EngineStats`` field, help)."""
+
+
+def _per_engine(telemetry: Telemetry) -> Iterator[Metric]:
+    """The ``openengine_gateway_engine_*`` request families, labelled by the engine that answered and the
+    split it answered through ("" when addressed by its own name); present (empty) before any request."""
+    engine = f"{PREFIX}_engine"
+    keys = ("engine", "split")
+    requests = CounterMetricFamily(
+        f"{engine}_requests",
+        "Requests by engine, split, kind (generate, task), outcome and code (EngineError code or gRPC status)",
+        labels=(*keys, "kind", "outcome", "code"),
+    )
+    prompt = CounterMetricFamily(f"{engine}_prompt_tokens", "Prompt tokens of ended streams", labels=keys)
+    completion = CounterMetricFamily(f"{engine}_completion_tokens", "Completion tokens of ended streams", labels=keys)
+    histograms = [
+        (HistogramMetricFamily(f"{engine}_{name}", documentation, labels=keys), field)
+        for name, field, documentation in ENGINE_HISTOGRAMS
+    ]
+    for (served, split), stats in sorted(list(telemetry.engines.items())):
+        for (kind, outcome, code), count in sorted(list(stats.requests.items())):
+            requests.add_metric((served, split, kind, outcome, code), count)
+        prompt.add_metric((served, split), stats.prompt_tokens)
+        completion.add_metric((served, split), stats.completion_tokens)
+        for family, field in histograms:
+            histogram: Histogram = getattr(stats, field)
+            family.add_metric((served, split), _buckets(histogram), histogram.total)
+    yield from (requests, prompt, completion, *(family for family, _field in histograms))
+
+
+def _canaries(canaries: Canaries) -> Iterator[Metric]:
+    """The canary families, one series set per split with an analysis."""
+    canary = f"{PREFIX}_canary"
+    weight = GaugeMetricFamily(
+        f"{canary}_weight",
+        "The candidate's weight now, percent of the two engines' traffic",
+        labels=("split", "engine"),
+    )
+    step = GaugeMetricFamily(f"{canary}_step", "The canary's current step, from 1", labels=("split",))
+    state = GaugeMetricFamily(f"{canary}_state", "1 for the canary's current state", labels=("split", "state"))
+    decisions = CounterMetricFamily(
+        f"{canary}_decisions", "Decisions of the canary and of its operators", labels=("split", "decision")
+    )
+    for split, run in sorted(list(canaries.running.items())):
+        weight.add_metric((split, run.candidate), run.weight)
+        step.add_metric((split,), run.step + 1)
+        for name in STATES:
+            state.add_metric((split, name), 1.0 if name == run.state else 0.0)
+        for decision in DECISIONS:
+            decisions.add_metric((split, decision), run.decisions[decision])
+    yield from (weight, step, state, decisions)
 
 
 def _mirrors(agreement: Agreement) -> Iterator[Metric]:

@@ -7,16 +7,29 @@ is FAILED_PRECONDITION with the reason: the request has no argument to blame, th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .. import routes_pb
 from ..core.callers import current_caller
+from ..core.canary import Canary
+from ..core.gateway import Gateway
 from ..core.peers import Siblings
-from ..errors import ConfigurationError, FailedPrecondition, RequestError
+from ..errors import ConfigurationError, FailedPrecondition, InvalidArgument, RequestError
 from ..reload import Reloaded, RouteReloader, RouteSections
 from .servicer import Context, unary
 
+ACTIONS = {
+    routes_pb.CANARY_ACTION_PAUSE: "pause",
+    routes_pb.CANARY_ACTION_RESUME: "resume",
+    routes_pb.CANARY_ACTION_PROMOTE: "promote",
+    routes_pb.CANARY_ACTION_ABORT: "abort",
+}
 
-def route_table(routes: RouteSections) -> routes_pb.RouteTable:
-    """``routes`` as the message: splits with their weights and sticky sources, mirrors with their shadows."""
+
+def route_table(routes: RouteSections, canaries: Mapping[str, Canary] | None = None) -> routes_pb.RouteTable:
+    """``routes`` as the message: splits with their weights, sticky sources and canaries, mirrors with their
+    shadows."""
+    canaries = canaries or {}
     return routes_pb.RouteTable(
         splits=[
             routes_pb.Split(
@@ -24,6 +37,7 @@ def route_table(routes: RouteSections) -> routes_pb.RouteTable:
                 aliases=split.aliases,
                 engines=[routes_pb.SplitEngine(engine=name, weight=weight) for name, weight in split.engines.items()],
                 sticky=split.sticky,
+                canary=_canary(canaries[split.name]) if split.name in canaries else None,
             )
             for split in routes.splits
         ],
@@ -33,6 +47,18 @@ def route_table(routes: RouteSections) -> routes_pb.RouteTable:
             )
             for mirror in routes.mirrors
         ],
+    )
+
+
+def _canary(canary: Canary) -> routes_pb.Canary:
+    return routes_pb.Canary(
+        baseline=canary.baseline,
+        candidate=canary.candidate,
+        steps=canary.section.steps,
+        step=canary.step + 1,
+        weight=canary.weight,
+        state=canary.state,
+        evidence=canary.evidence,
     )
 
 
@@ -47,12 +73,31 @@ def reload_routes(reloader: RouteReloader) -> Reloaded:
 class RoutesServicer(routes_pb.RoutesServicer):
     """Serves the routes of ``reloader``'s gateway, and reloads them (and the ``siblings``' routes)."""
 
-    def __init__(self, reloader: RouteReloader, siblings: Siblings | None = None) -> None:
+    def __init__(
+        self, reloader: RouteReloader, siblings: Siblings | None = None, *, gateway: Gateway | None = None
+    ) -> None:
+        """``gateway``: the gateway whose canaries are shown and controlled (none without it)."""
         self._reloader = reloader
         self._siblings = siblings
+        self._gateway = gateway
+
+    def _table(self, routes: RouteSections) -> routes_pb.RouteTable:
+        return route_table(routes, self._gateway.canaries.running if self._gateway is not None else None)
 
     async def GetRoutes(self, request: routes_pb.GetRoutesRequest, context: Context) -> routes_pb.RouteTable:
-        return await unary(context, lambda _request: route_table(self._reloader.gateway.routes), request)
+        return await unary(context, lambda _request: self._table(self._reloader.gateway.routes), request)
+
+    async def ControlCanary(self, request: routes_pb.ControlCanaryRequest, context: Context) -> routes_pb.RouteTable:
+        return await unary(context, self.control_canary, request)
+
+    def control_canary(self, request: routes_pb.ControlCanaryRequest) -> routes_pb.RouteTable:
+        """The action on the split's canary; INVALID_ARGUMENT without one."""
+        action = ACTIONS.get(request.action)
+        if action is None:
+            raise InvalidArgument(f"action must be one of {', '.join(routes_pb.CanaryAction.keys()[1:])}")
+        if self._gateway is None:
+            raise FailedPrecondition("this server runs no canaries")
+        return self._table(self._gateway.control_canary(request.split, action))
 
     async def ReloadRoutes(
         self, request: routes_pb.ReloadRoutesRequest, context: Context
@@ -68,7 +113,7 @@ class RoutesServicer(routes_pb.RoutesServicer):
             except RequestError as error:  # the same kind of error, saying where the routes did change
                 message = f"routes reloaded in {self._siblings.here}, not in every frontend: {error.message}"
                 raise type(error)(message, retry_after_ms=error.retry_after_ms) from None
-        return routes_pb.ReloadRoutesResponse(routes=route_table(reloaded.routes), changes=reloaded.changes)
+        return routes_pb.ReloadRoutesResponse(routes=self._table(reloaded.routes), changes=reloaded.changes)
 
 
 __all__ = ["RoutesServicer", "reload_routes", "route_table"]

@@ -3,8 +3,12 @@ and one real gateway's exporter."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import re
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,12 +19,15 @@ from openengine_gateway.bench.cli import run
 from openengine_gateway.bench.errors import BenchError
 from openengine_gateway.bench.stats import BucketCounts
 from openengine_gateway.cli import main
+from openengine_gateway.client import EngineErrorEvent, OpenEngineClient, text_request
+from openengine_gateway.config import SplitSection
 from openengine_gateway.core.agreement import Side
 from openengine_gateway.server.app import ServerOptions
 from openengine_gateway.server.tls import TlsFiles
+from openengine_gateway.testing import serve_backends
 
 from tests.ops.certs import issue_certificates
-from tests.ops.support import free_port, gateway
+from tests.ops.support import free_port, gateway, mock
 
 M = "openengine_gateway_mirror"
 
@@ -285,3 +292,41 @@ async def test_an_https_page_is_read_with_its_ca(tmp_path: Path, capsys: pytest.
             await run(["--live", url])
         with pytest.raises(BenchError, match=r"--metrics-ca .*missing\.pem"):
             await run(["--live", url, "--metrics-ca", str(tmp_path / "missing.pem")])
+
+
+async def test_a_splits_engines_side_by_side_with_a_verdict_per_candidate(capsys: pytest.CaptureFixture[str]) -> None:
+    """``slow`` takes 2 ms per prompt token before its first token and fails 30% of its requests; ``fast``
+    neither: the verdict fails ``slow`` on TTFT and on errors, and the JSON carries the same."""
+    backends = [("fast", mock(seed=1)), ("slow", mock(seed=2, prefill_time_per_token_s=0.002, fault_rate=0.3))]
+    split = SplitSection(name="ab", engines={"fast": 1, "slow": 1})
+    async with (
+        serve_backends(backends, splits=[split], server_options=ServerOptions(metrics_port=0)) as running,
+        await OpenEngineClient.connect(running.address) as client,
+    ):
+
+        async def one() -> None:
+            request = text_request("a prompt of some twenty tokens or so, " * 2, model="ab", max_tokens=3)
+            request.request_id = uuid.uuid4().hex
+            with contextlib.suppress(EngineErrorEvent):
+                await client.generate(request)
+
+        for _ in range(10):
+            await asyncio.gather(*(one() for _ in range(12)))
+        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        assert await run(["--live", url, "--baseline", "fast"]) == 0
+        output = capsys.readouterr().out
+        assert await run(["--live", url, "--baseline", "fast", "--json", "-"]) == 0
+        document = json.loads(capsys.readouterr().out)
+    assert "Split ab at http://" in output and row(output, "")[:2] == ["fast (baseline)", "slow"]
+    finished, failed = (int(n) for n in row(output, "requests finished / failed")[1].split(" / "))
+    assert failed > 0 and row(output, "requests finished / failed")[0].endswith(" / 0")
+    assert "slow against fast: fail" in output
+    assert re.search(r"TTFT p90: .* Mann-Whitney p=.* \(n=\d+/\d+\): fail", output)
+    assert re.search(r"error rate: \d+/\d+ vs 0/\d+, delta \+0\.\d+ \(95% CI .*\): fail", output)
+    (ab,) = document["splits"]
+    assert ab["baseline"] == "fast" and set(ab["engines"]) == {"fast", "slow"}
+    verdict = ab["verdicts"]["slow"]
+    assert verdict["result"] == "fail" and verdict["errors"]["result"] == "fail"
+    assert verdict["latency"][0]["metric"] == "TTFT" and verdict["latency"][0]["result"] == "fail"
+    assert verdict["latency"][0]["candidate_n"] == finished
+    assert ab["engines"]["slow"]["requests"]["failed/INTERNAL"] == failed

@@ -208,3 +208,10 @@ def test_the_repository_s_commented_split_and_mirror_example_is_valid(tmp_path: 
     names = {engine.served_model_name: engine.served_model_name for engine in config.engines}
     plan = plan_routes(names, config.splits, config.mirrors)
     assert plan.splits[0][1] == ("tiny-llama", "mock") and plan.mirrors[0][1:] == ("tiny-llama", "mock")
+    analysis = config.splits[0].analysis
+    assert analysis is not None and (analysis.baseline, analysis.candidate, analysis.steps) == (
+        "tiny-llama",
+        "mock",
+        [5, 25, 50, 100],
+    )
+    assert analysis.limits.ttft is not None and analysis.limits.ttft.max_ratio == 1.2

@@ -13,12 +13,12 @@ from pathlib import Path
 import grpc
 import pytest
 from openengine_gateway import pb, routes_pb
-from openengine_gateway.config import Config
+from openengine_gateway.config import AnalysisSection, Config, SplitSection
 from openengine_gateway.core.callers import Caller, bind_caller, scoped_id
 from openengine_gateway.core.gateway import Gateway
 from openengine_gateway.core.peers import freshest, merged_abort, merged_drains
 from openengine_gateway.core.registry import ActiveRequest
-from openengine_gateway.errors import FailedPrecondition, NotFound, Unavailable
+from openengine_gateway.errors import ConfigurationError, FailedPrecondition, NotFound, Unavailable
 from openengine_gateway.reload import RouteReloader
 from openengine_gateway.server.peers import SERVICE, PeerClients, PeerServer
 from openengine_gateway.server.routes_servicer import RoutesServicer
@@ -218,3 +218,14 @@ async def test_merged_drains_end_with_the_first_error() -> None:
     failed = pb.DrainResponse(error=pb.EngineError(message="deadline"))
     merged = [m async for m in merged_drains([stream(started), stream(started, failed)])]
     assert merged[-1].HasField("error")
+
+
+async def test_a_canary_is_refused_behind_several_frontends(tmp_path: Path) -> None:
+    """Each process would judge and step its own share of the traffic."""
+    siblings = PeerClients([str(tmp_path / "other.sock")], TOKEN, "frontend 1 of 2")
+    engines = engine_set(FakeBackend(), (FakeBackend(), "n"))
+    analysis = AnalysisSection(baseline="m", candidate="n")
+    split = SplitSection(name="mn", engines={"m": 1, "n": 1}, analysis=analysis)
+    with pytest.raises(ConfigurationError, match=r"a split.s analysis .* needs one gateway process"):
+        Gateway(engines, splits=[split], siblings=siblings)
+    Gateway(engines, splits=[split.model_copy(update={"analysis": None})], siblings=siblings)  # a plain split serves

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
 import pytest
-from openengine_gateway.config import Config, MirrorSection, SplitSection, load_config
+from openengine_gateway.config import AnalysisSection, Config, MirrorSection, SplitSection, load_config
 from openengine_gateway.core.callers import Caller
 from openengine_gateway.engines import EngineSet
 from openengine_gateway.errors import ConfigurationError
@@ -70,7 +71,7 @@ def test_a_changed_weight_applies_and_says_what_changed(tmp_path: Path, caplog: 
         ("[[splits]\nname = 'ab'", "not valid TOML"),
         (ENGINES + _routes(0, 0), "at least one engine needs a weight above 0"),
         (ENGINES + '\n[[splits]]\nname = "ab"\nengines = { a = 1, nope = 1 }\n', "nope"),
-        (ENGINES + _routes(mirror='\n[[mirrors]]\nname = "ab"\nshadow = "a"\n'), r"mirrors\[0\]"),
+        (ENGINES + _routes(mirror='\n[[mirrors]]\nname = "a"\nshadow = "a"\n'), r"mirrors\[0\]"),
         (ENGINES.replace('"b"', '"bee"') + _routes(), r"\[\[engines\]\] 1 \(bee, changed\)"),
         (ENGINES + '[[engines]]\nbackend = "mock"\nserved_model_name = "c"\n' + _routes(), r"2 \(c, added\)"),
         (
@@ -171,3 +172,26 @@ def test_sighup_refusals_are_logged_and_one_while_starting_applies_once_serving(
     warning = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warning) == 1 and "SIGHUP: routes not reloaded, the old ones still serve" in warning[0].getMessage()
     assert SignalCaller().describe() == "SIGHUP from the operator"
+
+
+def test_a_splits_analysis_added_paused_resumed_changed_and_removed_is_said(tmp_path: Path) -> None:
+    served = Served(tmp_path / "plugins.toml", ENGINES + _routes(1, 1))
+    analysis = AnalysisSection(baseline="a", candidate="b")
+    states = [
+        None,
+        analysis,
+        analysis.model_copy(update={"paused": True}),
+        analysis,
+        analysis.model_copy(update={"steps": [50, 100]}),
+        None,
+    ]
+    tables = [
+        served.engines.reroute([SplitSection(name="ab", engines={"a": 1, "b": 1}, analysis=s)], []) for s in states
+    ]
+    assert [route_changes(before, after) for before, after in itertools.pairwise(tables)] == [
+        ["split 'ab': analysis added (a canary starts)"],
+        ["split 'ab': analysis paused"],
+        ["split 'ab': analysis resumed"],
+        ["split 'ab': analysis changed (its canary starts again)"],
+        ["split 'ab': analysis removed (its canary stops)"],
+    ]

@@ -133,7 +133,6 @@ def test_a_mirror_covers_every_name_of_its_route() -> None:
         ([], [MirrorSection(name="nope", shadow="c")], r"mirrors\[0\] \(nope -> c\): 'nope' is not a served name"),
         ([], [MirrorSection(name="a", shadow="zz")], "no engine is served as 'zz'"),
         ([], [MirrorSection(name="a", shadow="a")], "the shadow 'a' already serves 'a'"),
-        ([_split({"a": 1, "b": 1})], [MirrorSection(name="ab", shadow="b")], "the shadow 'b' already serves 'ab'"),
         (
             [],
             [MirrorSection(name="a", shadow="b"), MirrorSection(name="a", shadow="c")],
@@ -187,3 +186,10 @@ def test_an_engine_that_is_down_hands_its_requests_to_the_rest_while_any_is_up()
     assert on_a and all(route.pick(metadata=key, down={"a"}).served_name == "b" for key in on_a)
     assert all(route.pick(metadata=key).served_name == "a" for key in on_a)  # and back when it returns
     assert {route.pick(down={"a", "b"}).served_name for _ in range(50)} == {"a", "b"}  # all down: as if none
+
+
+def test_a_splits_own_engine_may_shadow_it() -> None:
+    """For a canary's agreement: ``b`` gets copies of the requests ``a`` answers (none of its own)."""
+    table = _three().reroute([_split({"a": 1, "b": 1})], [MirrorSection(name="ab", shadow="b")])
+    route = table.get("ab")
+    assert route is not None and route.mirror is not None and route.mirror.shadow.served_name == "b"

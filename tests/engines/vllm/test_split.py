@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 from openengine_backends.mock import MockBackend, MockSettings
 from openengine_gateway import pb
 from openengine_gateway.client import Completion, OpenEngineClient, StatusError, text_request
-from openengine_gateway.config import MirrorSection, SplitSection
+from openengine_gateway.config import AnalysisLimits, AnalysisSection, MirrorSection, SplitSection
 from openengine_gateway.testing import RunningGateway, serve_backends
 
 from tests.engines.streams import MODEL
@@ -120,3 +120,38 @@ async def test_the_mirror_compares_vllm_and_the_mock_as_text(served: RunningGate
 
 def _text(completion: Completion) -> str:
     return completion.outputs[0].text
+
+
+async def test_a_canary_of_the_mock_against_vllm_is_rolled_back_on_greedy_agreement(
+    served: RunningGateway, client: OpenEngineClient
+) -> None:
+    """vLLM the baseline, the mock the candidate: the split mirrored to the mock, whose greedy text never matches
+    the tiny Llama's, so agreement fails at the first step; the module's routes come back after."""
+    gateway = served.gateway
+    before = gateway.routes
+    analysis = AnalysisSection(
+        baseline=MODEL,
+        candidate="mock",
+        steps=[50, 100],
+        step_s=0.1,
+        min_samples=5,
+        limits=AnalysisLimits(agreement=0.9),
+    )
+    gateway.reroute(
+        [SplitSection(name=SPLIT, engines={MODEL: 1, "mock": 1}, analysis=analysis)],
+        [MirrorSection(name=SPLIT, shadow="mock")],
+    )
+    try:
+        canary = gateway.canaries.running[SPLIT]
+        while not canary.done:
+            await asyncio.gather(*(client.generate(greedy(SPLIT, prompt, max_tokens=4)) for prompt in PROMPTS))
+        route = gateway.routes.get(SPLIT)
+        assert route is not None and dict(zip([e.served_name for e in route.engines], route.weights, strict=True)) == {
+            MODEL: 100,
+            "mock": 0,
+        }
+    finally:
+        gateway.reroute(before.splits, before.mirrors)
+    assert canary.state == "rolled back", canary.evidence
+    assert canary.evidence[-1].startswith("rolled back at step 1 (mock 50%): greedy agreement: 0.0% of ")
+    assert gateway.canaries.running == {}

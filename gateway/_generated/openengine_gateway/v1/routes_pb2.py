@@ -24,27 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"openengine_gateway/v1/routes.proto\x12\x15openengine_gateway.v1\"\x12\n\x10GetRoutesRequest\"\x15\n\x13ReloadRoutesRequest\"j\n\nRouteTable\x12,\n\x06splits\x18\x01 \x03(\x0b\x32\x1c.openengine_gateway.v1.Split\x12.\n\x07mirrors\x18\x02 \x03(\x0b\x32\x1d.openengine_gateway.v1.Mirror\"k\n\x05Split\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x33\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\".openengine_gateway.v1.SplitEngine\x12\x0e\n\x06sticky\x18\x04 \x03(\t\"-\n\x0bSplitEngine\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x04\"N\n\x06Mirror\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06shadow\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\x01\x12\x15\n\rmax_in_flight\x18\x04 \x01(\x04\"Z\n\x14ReloadRoutesResponse\x12\x31\n\x06routes\x18\x01 \x01(\x0b\x32!.openengine_gateway.v1.RouteTable\x12\x0f\n\x07\x63hanges\x18\x02 \x03(\t2\xca\x01\n\x06Routes\x12W\n\tGetRoutes\x12\'.openengine_gateway.v1.GetRoutesRequest\x1a!.openengine_gateway.v1.RouteTable\x12g\n\x0cReloadRoutes\x12*.openengine_gateway.v1.ReloadRoutesRequest\x1a+.openengine_gateway.v1.ReloadRoutesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"openengine_gateway/v1/routes.proto\x12\x15openengine_gateway.v1\"Z\n\x14\x43ontrolCanaryRequest\x12\r\n\x05split\x18\x01 \x01(\t\x12\x33\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32#.openengine_gateway.v1.CanaryAction\"\x12\n\x10GetRoutesRequest\"\x15\n\x13ReloadRoutesRequest\"j\n\nRouteTable\x12,\n\x06splits\x18\x01 \x03(\x0b\x32\x1c.openengine_gateway.v1.Split\x12.\n\x07mirrors\x18\x02 \x03(\x0b\x32\x1d.openengine_gateway.v1.Mirror\"\x9a\x01\n\x05Split\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x33\n\x07\x65ngines\x18\x03 \x03(\x0b\x32\".openengine_gateway.v1.SplitEngine\x12\x0e\n\x06sticky\x18\x04 \x03(\t\x12-\n\x06\x63\x61nary\x18\x05 \x01(\x0b\x32\x1d.openengine_gateway.v1.Canary\"{\n\x06\x43\x61nary\x12\x10\n\x08\x62\x61seline\x18\x01 \x01(\t\x12\x11\n\tcandidate\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x03(\r\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\x0e\n\x06weight\x18\x05 \x01(\r\x12\r\n\x05state\x18\x06 \x01(\t\x12\x10\n\x08\x65vidence\x18\x07 \x03(\t\"-\n\x0bSplitEngine\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x04\"N\n\x06Mirror\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06shadow\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\x01\x12\x15\n\rmax_in_flight\x18\x04 \x01(\x04\"Z\n\x14ReloadRoutesResponse\x12\x31\n\x06routes\x18\x01 \x01(\x0b\x32!.openengine_gateway.v1.RouteTable\x12\x0f\n\x07\x63hanges\x18\x02 \x03(\t*\x94\x01\n\x0c\x43\x61naryAction\x12\x1d\n\x19\x43\x41NARY_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41NARY_ACTION_PAUSE\x10\x01\x12\x18\n\x14\x43\x41NARY_ACTION_RESUME\x10\x02\x12\x19\n\x15\x43\x41NARY_ACTION_PROMOTE\x10\x03\x12\x17\n\x13\x43\x41NARY_ACTION_ABORT\x10\x04\x32\xab\x02\n\x06Routes\x12W\n\tGetRoutes\x12\'.openengine_gateway.v1.GetRoutesRequest\x1a!.openengine_gateway.v1.RouteTable\x12g\n\x0cReloadRoutes\x12*.openengine_gateway.v1.ReloadRoutesRequest\x1a+.openengine_gateway.v1.ReloadRoutesResponse\x12_\n\rControlCanary\x12+.openengine_gateway.v1.ControlCanaryRequest\x1a!.openengine_gateway.v1.RouteTableb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openengine_gateway.v1.routes_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETROUTESREQUEST']._serialized_start=61
-  _globals['_GETROUTESREQUEST']._serialized_end=79
-  _globals['_RELOADROUTESREQUEST']._serialized_start=81
-  _globals['_RELOADROUTESREQUEST']._serialized_end=102
-  _globals['_ROUTETABLE']._serialized_start=104
-  _globals['_ROUTETABLE']._serialized_end=210
-  _globals['_SPLIT']._serialized_start=212
-  _globals['_SPLIT']._serialized_end=319
-  _globals['_SPLITENGINE']._serialized_start=321
-  _globals['_SPLITENGINE']._serialized_end=366
-  _globals['_MIRROR']._serialized_start=368
-  _globals['_MIRROR']._serialized_end=446
-  _globals['_RELOADROUTESRESPONSE']._serialized_start=448
-  _globals['_RELOADROUTESRESPONSE']._serialized_end=538
-  _globals['_ROUTES']._serialized_start=541
-  _globals['_ROUTES']._serialized_end=743
+  _globals['_CANARYACTION']._serialized_start=806
+  _globals['_CANARYACTION']._serialized_end=954
+  _globals['_CONTROLCANARYREQUEST']._serialized_start=61
+  _globals['_CONTROLCANARYREQUEST']._serialized_end=151
+  _globals['_GETROUTESREQUEST']._serialized_start=153
+  _globals['_GETROUTESREQUEST']._serialized_end=171
+  _globals['_RELOADROUTESREQUEST']._serialized_start=173
+  _globals['_RELOADROUTESREQUEST']._serialized_end=194
+  _globals['_ROUTETABLE']._serialized_start=196
+  _globals['_ROUTETABLE']._serialized_end=302
+  _globals['_SPLIT']._serialized_start=305
+  _globals['_SPLIT']._serialized_end=459
+  _globals['_CANARY']._serialized_start=461
+  _globals['_CANARY']._serialized_end=584
+  _globals['_SPLITENGINE']._serialized_start=586
+  _globals['_SPLITENGINE']._serialized_end=631
+  _globals['_MIRROR']._serialized_start=633
+  _globals['_MIRROR']._serialized_end=711
+  _globals['_RELOADROUTESRESPONSE']._serialized_start=713
+  _globals['_RELOADROUTESRESPONSE']._serialized_end=803
+  _globals['_ROUTES']._serialized_start=957
+  _globals['_ROUTES']._serialized_end=1256
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -19,6 +20,57 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _CanaryAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CanaryActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CanaryAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANARY_ACTION_UNSPECIFIED: _CanaryAction.ValueType  # 0
+    CANARY_ACTION_PAUSE: _CanaryAction.ValueType  # 1
+    """hold the current step"""
+    CANARY_ACTION_RESUME: _CanaryAction.ValueType  # 2
+    """judge again, the step's window starting now"""
+    CANARY_ACTION_PROMOTE: _CanaryAction.ValueType  # 3
+    """the candidate to 100%, and stop"""
+    CANARY_ACTION_ABORT: _CanaryAction.ValueType  # 4
+    """the candidate to 0, and stop"""
+
+class CanaryAction(_CanaryAction, metaclass=_CanaryActionEnumTypeWrapper): ...
+
+CANARY_ACTION_UNSPECIFIED: CanaryAction.ValueType  # 0
+CANARY_ACTION_PAUSE: CanaryAction.ValueType  # 1
+"""hold the current step"""
+CANARY_ACTION_RESUME: CanaryAction.ValueType  # 2
+"""judge again, the step's window starting now"""
+CANARY_ACTION_PROMOTE: CanaryAction.ValueType  # 3
+"""the candidate to 100%, and stop"""
+CANARY_ACTION_ABORT: CanaryAction.ValueType  # 4
+"""the candidate to 0, and stop"""
+Global___CanaryAction: _TypeAlias = CanaryAction  # noqa: Y015
+
+@_typing.final
+class ControlCanaryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPLIT_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    split: _builtins.str
+    action: Global___CanaryAction.ValueType
+    def __init__(
+        self,
+        *,
+        split: _builtins.str = ...,
+        action: Global___CanaryAction.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "split", b"split"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlCanaryRequest: _TypeAlias = ControlCanaryRequest  # noqa: Y015
 
 @_typing.final
 class GetRoutesRequest(_message.Message):
@@ -84,6 +136,7 @@ class Split(_message.Message):
     ALIASES_FIELD_NUMBER: _builtins.int
     ENGINES_FIELD_NUMBER: _builtins.int
     STICKY_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     @_builtins.property
     def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -93,6 +146,10 @@ class Split(_message.Message):
     def sticky(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Where a request's sticky key is read, the first it has winning: "cache_salt" or "metadata.KEY"."""
 
+    @_builtins.property
+    def canary(self) -> Global___Canary:
+        """Present when the split has a canary analysis."""
+
     def __init__(
         self,
         *,
@@ -100,14 +157,63 @@ class Split(_message.Message):
         aliases: _abc.Iterable[_builtins.str] | None = ...,
         engines: _abc.Iterable[Global___SplitEngine] | None = ...,
         sticky: _abc.Iterable[_builtins.str] | None = ...,
+        canary: Global___Canary | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "engines", b"engines", "name", b"name", "sticky", b"sticky"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "canary", b"canary", "engines", b"engines", "name", b"name", "sticky", b"sticky"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Split: _TypeAlias = Split  # noqa: Y015
+
+@_typing.final
+class Canary(_message.Message):
+    """A split's canary: where it stands, and the evidence of each of its decisions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASELINE_FIELD_NUMBER: _builtins.int
+    CANDIDATE_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    baseline: _builtins.str
+    candidate: _builtins.str
+    step: _builtins.int
+    """The current step, from 1."""
+    weight: _builtins.int
+    """The candidate's weight now."""
+    state: _builtins.str
+    """"running", "paused", "promoted", "rolled back" or "aborted"."""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The candidate's weight at each step, percent of the two engines' traffic."""
+
+    @_builtins.property
+    def evidence(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line per decision, oldest first: what was judged, the figures, and what it did."""
+
+    def __init__(
+        self,
+        *,
+        baseline: _builtins.str = ...,
+        candidate: _builtins.str = ...,
+        steps: _abc.Iterable[_builtins.int] | None = ...,
+        step: _builtins.int = ...,
+        weight: _builtins.int = ...,
+        state: _builtins.str = ...,
+        evidence: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "candidate", b"candidate", "evidence", b"evidence", "state", b"state", "step", b"step", "steps", b"steps", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Canary: _TypeAlias = Canary  # noqa: Y015
 
 @_typing.final
 class SplitEngine(_message.Message):

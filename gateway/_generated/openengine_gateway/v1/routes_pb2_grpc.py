@@ -44,6 +44,11 @@ class RoutesStub:
                 request_serializer=openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesRequest.SerializeToString,
                 response_deserializer=openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesResponse.FromString,
                 _registered_method=True)
+        self.ControlCanary = channel.unary_unary(
+                '/openengine_gateway.v1.Routes/ControlCanary',
+                request_serializer=openengine__gateway_dot_v1_dot_routes__pb2.ControlCanaryRequest.SerializeToString,
+                response_deserializer=openengine__gateway_dot_v1_dot_routes__pb2.RouteTable.FromString,
+                _registered_method=True)
 
 
 class RoutesServicer:
@@ -65,6 +70,15 @@ class RoutesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ControlCanary(self, request, context):
+        """Pause, resume, promote or abort a split's canary ([splits.analysis]); answers the routes served
+        from then on. NOT_FOUND when the split has no canary, FAILED_PRECONDITION when the canary has
+        ended or already is in the state asked for. A control token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoutesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_RoutesServicer_to_server(servicer, server):
                     servicer.ReloadRoutes,
                     request_deserializer=openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesRequest.FromString,
                     response_serializer=openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesResponse.SerializeToString,
+            ),
+            'ControlCanary': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlCanary,
+                    request_deserializer=openengine__gateway_dot_v1_dot_routes__pb2.ControlCanaryRequest.FromString,
+                    response_serializer=openengine__gateway_dot_v1_dot_routes__pb2.RouteTable.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class Routes:
             '/openengine_gateway.v1.Routes/ReloadRoutes',
             openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesRequest.SerializeToString,
             openengine__gateway_dot_v1_dot_routes__pb2.ReloadRoutesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlCanary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openengine_gateway.v1.Routes/ControlCanary',
+            openengine__gateway_dot_v1_dot_routes__pb2.ControlCanaryRequest.SerializeToString,
+            openengine__gateway_dot_v1_dot_routes__pb2.RouteTable.FromString,
             options,
             channel_credentials,
             insecure,

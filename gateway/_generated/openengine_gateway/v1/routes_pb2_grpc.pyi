@@ -40,6 +40,11 @@ class RoutesStub:
     [[mirrors]]; a file that does not validate, or that changes what needs a restart, is
     refused with FAILED_PRECONDITION and changes nothing. A control token.
     """
+    ControlCanary: _grpc.UnaryUnaryMultiCallable[_routes_pb2.ControlCanaryRequest, _routes_pb2.RouteTable]
+    """Pause, resume, promote or abort a split's canary ([splits.analysis]); answers the routes served
+    from then on. NOT_FOUND when the split has no canary, FAILED_PRECONDITION when the canary has
+    ended or already is in the state asked for. A control token.
+    """
 
 @_typing.type_check_only
 class RoutesAsyncStub(RoutesStub):
@@ -50,6 +55,11 @@ class RoutesAsyncStub(RoutesStub):
     """Re-read the configuration file the gateway started with and apply its [[splits]] and
     [[mirrors]]; a file that does not validate, or that changes what needs a restart, is
     refused with FAILED_PRECONDITION and changes nothing. A control token.
+    """
+    ControlCanary: _aio.UnaryUnaryMultiCallable[_routes_pb2.ControlCanaryRequest, _routes_pb2.RouteTable]  # type: ignore[assignment]
+    """Pause, resume, promote or abort a split's canary ([splits.analysis]); answers the routes served
+    from then on. NOT_FOUND when the split has no canary, FAILED_PRECONDITION when the canary has
+    ended or already is in the state asked for. A control token.
     """
 
 class RoutesServicer(metaclass=_abc_1.ABCMeta):
@@ -70,6 +80,17 @@ class RoutesServicer(metaclass=_abc_1.ABCMeta):
         """Re-read the configuration file the gateway started with and apply its [[splits]] and
         [[mirrors]]; a file that does not validate, or that changes what needs a restart, is
         refused with FAILED_PRECONDITION and changes nothing. A control token.
+        """
+
+    @_abc_1.abstractmethod
+    def ControlCanary(
+        self,
+        request: _routes_pb2.ControlCanaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routes_pb2.RouteTable, _abc.Awaitable[_routes_pb2.RouteTable]]:
+        """Pause, resume, promote or abort a split's canary ([splits.analysis]); answers the routes served
+        from then on. NOT_FOUND when the split has no canary, FAILED_PRECONDITION when the canary has
+        ended or already is in the state asked for. A control token.
         """
 
 def add_RoutesServicer_to_server(servicer: RoutesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
