@@ -12,9 +12,17 @@ SGLang's ``Engine`` assumes it owns its process (SGLang 0.5.23, paths under ``sg
   (``managers/tokenizer_manager.py`` ``running_phase_sigquit_handler``) kills the whole process tree,
   the gateway included. Without a handler SIGQUIT's default action kills the process as well.
 
+* ``managers/tokenizer_manager.py`` ``auto_create_handle_loop`` runs two tasks on the gateway's loop,
+  each under ``print_exception_wrapper``, which on an exception calls the manager's
+  ``dump_requests_before_crash`` and then ``kill_process_tree(os.getpid(), include_parent=True)``: an
+  error in SGLang's output loop (``handle_loop``) would kill the gateway. The other task,
+  ``sigterm_watchdog``, waits for ``gracefully_exit`` (set by SGLang's SIGTERM handler), drains, kills
+  SGLang's processes and ends with ``sys.exit(0)`` (a ``SystemExit`` out of the gateway's loop) unless a
+  server stop hook is set. That same call replaces the loop's SIGTERM handler with SGLang's.
+
 ``kept_logging`` undoes the first around the engine's start; ``SigquitGuard`` owns SIGQUIT while an
-SGLang engine runs, so a failed child turns the engine NOT_READY (the gateway's monitor then fails its
-in-flight requests) instead of killing the gateway.
+SGLang engine runs, so a failed child turns the engine NOT_READY (its in-flight requests end with a
+retryable error) instead of killing the gateway; ``contain_exits`` does the same for the third.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import logging
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +94,28 @@ class SigquitGuard:
         self._on_failure("an SGLang subprocess failed (SIGQUIT from SGLang's watchdog or one of its processes)")
 
 
+class ContainedExit(Exception):
+    """Raised in place of SGLang's crash exit: it ends SGLang's failed task, never the gateway's process."""
+
+
+def contain_exits(manager: Any, on_failure: Callable[[str], None]) -> None:
+    """Turn each way SGLang's tokenizer manager ends its process into ``on_failure`` (set before
+    ``auto_create_handle_loop`` starts the tasks that take them).
+
+    ``print_exception_wrapper`` calls the manager's ``dump_requests_before_crash`` before killing the
+    process tree: the manager's own is replaced by one that reports the failure and raises, so the
+    wrapper's task ends there. SGLang's SIGTERM watchdog ends with its server stop hook in place of
+    ``sys.exit(0)``; it only runs if SGLang's own SIGTERM handler did (the gateway's is put back).
+    """
+
+    def crashed() -> None:
+        on_failure("SGLang's tokenizer manager failed (its traceback is logged above)")
+        raise ContainedExit("SGLang's crash exit, contained: the gateway's process keeps running")
+
+    manager.dump_requests_before_crash = crashed
+    manager.set_server_stop_hook(lambda: on_failure("SGLang's SIGTERM watchdog stopped its processes"))
+
+
 def process_alive(pid: int) -> bool:
     """A child process that still runs: listed in ``/proc`` and not a zombie (SGLang runs on Linux only)."""
     try:
@@ -94,4 +125,4 @@ def process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-__all__ = ["SigquitGuard", "gateway_log_level", "kept_logging", "process_alive"]
+__all__ = ["ContainedExit", "SigquitGuard", "contain_exits", "gateway_log_level", "kept_logging", "process_alive"]
