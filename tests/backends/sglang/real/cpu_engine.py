@@ -28,6 +28,10 @@ TOKEN = 17
 """The token every step decodes (not EOS; requests here ignore EOS anyway)."""
 
 
+STARTED: list[CpuEngine] = []
+"""Engines built in this process, for the tests to ``close``."""
+
+
 class CpuEngine:
     """What the driver calls on ``sglang.Engine``, on SGLang's real tokenizer side."""
 
@@ -49,6 +53,7 @@ class CpuEngine:
         manager.get_loads = self._loads
         self.detokenizer = DetokenizerManager(args, PortArgs.init_new(args))
         self.decoding: set[asyncio.Task[None]] = set()
+        STARTED.append(self)
 
     def get_all_child_pids(self) -> list[int]:
         return []  # the played scheduler runs in this process
@@ -56,6 +61,12 @@ class CpuEngine:
     def shutdown(self) -> None:
         for task in self.decoding:
             task.get_loop().call_soon_threadsafe(task.cancel)
+
+    def close(self) -> None:
+        """Drop what SGLang's sockets still hold for the scheduler that is not there (an abort, its
+        watchdog's ``ShutdownReq``): a garbage-collected context holding a message blocks for good."""
+        for socket in (self.tokenizer_manager.send_to_scheduler, self.detokenizer.recv_from_scheduler):
+            socket.context.destroy(linger=0)
 
     async def _internal_state(self) -> list[dict[str, Any]]:
         """``scheduler_components/internal_state.py``: the answer starts with the resolved server arguments."""

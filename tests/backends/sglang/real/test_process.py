@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.process import gateway_process
 
 from ...fake_serving import MODEL, serving
 from ..drain import check_drain_under_load
-from .cpu_engine import CpuEngine
+from .cpu_engine import STARTED, CpuEngine
 
 ROOT = Path(__file__).resolve().parents[4]
 CPU_CLI = [
@@ -47,16 +48,24 @@ async def test_sigterm_under_load_drains_a_gateway_on_sglangs_real_tokenizer_man
 
 
 @pytest.fixture
-def on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
     """``sglang.Engine`` on SGLang's real tokenizer side; the process-tree kills SGLang would do, recorded
-    (``utils/common.py`` ``kill_process_tree`` as ``managers/tokenizer_manager.py`` imports it)."""
+    (``utils/common.py`` ``kill_process_tree`` as ``managers/tokenizer_manager.py`` imports it). The engine
+    publishes its configuration process-wide; the other modules' is put back after the test."""
     import sglang
     from sglang.srt.managers import tokenizer_manager
+    from sglang.srt.runtime_context import restore_context, snapshot_context
 
     killed: list[tuple[Any, ...]] = []
     monkeypatch.setattr(sglang, "Engine", CpuEngine)
     monkeypatch.setattr(tokenizer_manager, "kill_process_tree", lambda *args, **kwargs: killed.append(args))
-    return killed
+    before = snapshot_context()
+    try:
+        yield killed
+    finally:
+        restore_context(before)
+        while STARTED:
+            STARTED.pop().close()
 
 
 def driver(tiny_model: Path) -> SglangBackend:
