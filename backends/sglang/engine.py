@@ -59,7 +59,7 @@ from openengine_gateway.spi.zmq_kv import subscribe
 from . import capabilities, kv_publishers, mapping
 from .capabilities import EngineState
 from .outputs import RequestStream
-from .process import SigquitGuard, contain_exits, gateway_log_level, kept_logging, process_alive
+from .process import ChildLines, SigquitGuard, contain_exits, gateway_log_level, kept_logging, process_alive
 from .sessions import PrefillSessions
 from .settings import SglangSettings
 from .tasks import TaskRunner, task_capabilities
@@ -123,7 +123,7 @@ class SglangBackend(Backend[SglangSettings]):
         kwargs.setdefault("log_level", gateway_log_level())
         self._sigquit.install()  # SGLang's children may fail while it loads
         try:
-            with kept_logging():
+            with kept_logging(), ChildLines().capture():
                 self._engine = await asyncio.to_thread(sglang.Engine, **kwargs)
         except BaseException:
             self._sigquit.remove()

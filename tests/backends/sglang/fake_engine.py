@@ -58,6 +58,15 @@ WATCHDOG_S = 0.05
 """One decode step; tests that abort mid-stream raise it."""
 BOOTSTRAP_TIMEOUT_S = 5.0
 ENGINES: list[Engine] = []
+SCHEDULER = """
+import sys, time
+# managers/scheduler.py under utils/common.py configure_logger: SGLang's own text format, on stderr
+print("[2026-01-01 00:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 3", file=sys.stderr, flush=True)
+time.sleep(0.5)
+print("[2026-01-01 00:00:01 TP0] Decode batch, #running-req: 1", file=sys.stderr, flush=True)
+time.sleep(600)
+"""
+"""The scheduler process the fake starts in a gateway process of its own (``OWN_PROCESS``)."""
 PROCESS_TREE_KILLED: list[str] = []
 """Why SGLang's SIGQUIT handler would have killed this process (and the gateway in it): the fake records
 it instead of killing the test run, unless it runs in a process of its own."""
@@ -566,6 +575,10 @@ class Engine:
         self.publishers = publishers(self.server_args["kv_events_config"], num_dp_ranks(self.server_args))
         self.tokenizer_manager = TokenizerManager(self.server_args, self)
         self.child_pids = [os.getpid()]
+        self.scheduler: subprocess.Popen[bytes] | None = None
+        if OWN_PROCESS:  # entrypoints/engine.py: the scheduler, a process of its own with the gateway's stderr
+            self.scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER])
+            self.child_pids = [self.scheduler.pid]
         self.shut_down = False
         self.lora_calls: list[tuple[str, ...]] = []
         ENGINES.append(self)
@@ -577,6 +590,9 @@ class Engine:
         """``entrypoints/engine.py``: ends with ``kill_process_tree(os.getpid(), include_parent=False)``,
         which kills every child of the process: every other engine's processes die with this one's."""
         self.shut_down = True
+        if self.scheduler is not None:
+            self.scheduler.kill()
+            self.scheduler.wait()
         for engine in ENGINES:
             if engine is not self and not engine.shut_down:
                 engine.child_pids = [dead_pid()]

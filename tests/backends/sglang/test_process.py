@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -127,3 +128,18 @@ async def test_a_failed_output_loop_ends_the_engine_and_spares_the_gateway(
     assert responses[-1].error.retryable
     assert health.state == pb.HEALTH_STATE_NOT_READY
     assert any("tokenizer manager failed" in check.message for check in health.checks)
+
+
+async def test_sglangs_processes_log_through_the_gateway_so_json_logs_stay_json(tmp_path: Path) -> None:
+    """SGLang's scheduler inherits the gateway's stderr and prints its own text lines there."""
+    args = ("--backend", "sglang", "--model", str(tmp_path), "--config", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    async with gateway_process(*args, "--log-format", "json", cwd=tmp_path, program=FAKE_CLI) as gateway:
+        for _ in range(100):  # the scheduler's second line comes after the gateway serves
+            if "Decode batch" in gateway.log.read_text():
+                break
+            await asyncio.sleep(0.05)
+        assert await gateway.stop() == 0
+    entries = [json.loads(line) for line in gateway.log.read_text().splitlines()]
+    scheduler = [e["message"] for e in entries if e["logger"] == "sglang.processes"]
+    assert [m.split("] ")[1].split(",")[0] for m in scheduler] == ["Prefill batch", "Decode batch"], entries
