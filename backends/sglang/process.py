@@ -91,9 +91,13 @@ class ChildLines:
     def capture(self) -> Iterator[None]:
         """Let the processes started inside write their stderr into the pipe."""
         self._level = max(logging.getLogger().getEffectiveLevel(), logging.DEBUG)
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to keep clean (closed by whoever started the gateway)
+            yield
+            return
         read_end, write_end = os.pipe()
         sys.stderr.flush()
-        saved = os.dup(2)
         os.dup2(write_end, 2)
         os.close(write_end)
         threading.Thread(target=self._relay, args=(read_end,), name="sglang-stderr", daemon=True).start()
