@@ -263,8 +263,11 @@ async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Fronte
         log.info("%s: draining (up to %.0fs), then stopping", signal.Signals(signum).name, drain_timeout)
         stop.set()
 
-    for signum in (signal.SIGTERM,) if frontend is not None else (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+    def handle_signals() -> None:
+        for signum in (signal.SIGTERM,) if frontend is not None else (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    handle_signals()
     if frontend is not None:
         from .frontends import watch_supervisor
 
@@ -292,6 +295,7 @@ async def serve(args: argparse.Namespace, extra: Sequence[str], frontend: Fronte
                 raise
             log.info("stopped during startup (%s)", exc)  # a terminal's Ctrl-C also reaches the engine's processes
             return 0
+        handle_signals()  # again: an engine's library may have put its own on the loop (SGLang's does)
         siblings = frontend.siblings() if frontend is not None else None
         if frontend is not None:
             options = frontend.gateway_options(options, engines)

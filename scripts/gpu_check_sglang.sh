@@ -11,6 +11,8 @@
 # ZMQ publisher (salted and unsalted prefixes, per attention-DP rank), guided decoding, LoRA, a
 # prefill/decode pair on SGLang's `fake` transfer backend as two gateways (one SGLang engine each, the
 # decode one the real command), SIGTERM ending a real SGLang gateway with exit 0 and no process left,
+# SIGTERM under load draining it (streams in flight at the signal complete, a request sent once the
+# gateway logged the signal is refused UNAVAILABLE, exit 0: `-k drains` runs that one alone),
 # the gateway's logging surviving SGLang's start, data-parallel attention (skipped with fewer than two
 # GPUs), and the conformance kit. About 1 GB of GPU memory per engine. Extra arguments go to pytest.
 set -euo pipefail

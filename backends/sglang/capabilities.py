@@ -16,7 +16,7 @@ from typing import Any
 from openengine_gateway import pb
 from openengine_gateway.spi import Load, LoraAdapter, RankLoad
 
-from .mapping import EngineLimits, eos_token_ids
+from .mapping import MAX_CANDIDATES, EngineLimits, eos_token_ids
 
 ENGINE_NAME = "sglang"
 
@@ -241,8 +241,12 @@ def max_batched_tokens(server: Mapping[str, Any]) -> int | None:
 
 
 def logprob_capabilities(vocab_size: int) -> pb.LogprobCapabilities:
-    """Top N (up to the vocabulary), explicit ids and all: SGLang caps none of them."""
-    return pb.LogprobCapabilities(supported=True, candidate_selection_modes=_CANDIDATE_MODES, max_top_n=vocab_size)
+    """Top N and explicit ids up to ``MAX_CANDIDATES`` (SGLang caps none, but detokenizes each candidate on
+    the gateway's loop); "all" only for a vocabulary within that bound."""
+    modes = _CANDIDATE_MODES if vocab_size <= MAX_CANDIDATES else _CANDIDATE_MODES[:2]
+    return pb.LogprobCapabilities(
+        supported=True, candidate_selection_modes=modes, max_top_n=min(vocab_size, MAX_CANDIDATES)
+    )
 
 
 def guided_capabilities(backend: str | None) -> pb.GuidedDecodingCapabilities:

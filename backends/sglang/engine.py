@@ -59,7 +59,7 @@ from openengine_gateway.spi.zmq_kv import subscribe
 from . import capabilities, kv_publishers, mapping
 from .capabilities import EngineState
 from .outputs import RequestStream
-from .process import SigquitGuard, gateway_log_level, kept_logging, process_alive
+from .process import ChildLines, SigquitGuard, contain_exits, gateway_log_level, kept_logging, process_alive
 from .sessions import PrefillSessions
 from .settings import SglangSettings
 from .tasks import TaskRunner, task_capabilities
@@ -123,7 +123,7 @@ class SglangBackend(Backend[SglangSettings]):
         kwargs.setdefault("log_level", gateway_log_level())
         self._sigquit.install()  # SGLang's children may fail while it loads
         try:
-            with kept_logging():
+            with kept_logging(), ChildLines().capture():
                 self._engine = await asyncio.to_thread(sglang.Engine, **kwargs)
         except BaseException:
             self._sigquit.remove()
@@ -138,13 +138,17 @@ class SglangBackend(Backend[SglangSettings]):
         """Read the started engine's facts.
 
         SGLang's tokenizer manager binds its output loop to the loop that first uses it, and
-        installs its SIGTERM handler there: starting it here, on the gateway's loop, lets the
-        gateway's own signal handling (installed after the engines start) take precedence.
+        installs its SIGTERM and SIGQUIT handlers there (``auto_create_handle_loop``): started here,
+        on the gateway's loop, before the gateway puts its own SIGTERM/SIGINT handling back (the
+        command does once the engines started); SIGQUIT is the driver's again at once, and
+        ``contain_exits`` keeps SGLang's exits (its SIGTERM watchdog, its output loop's crash
+        handler) from ending the gateway's process.
         """
         from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 
         manager = self._engine.tokenizer_manager
         self._generate_request = GenerateReqInput
+        contain_exits(manager, self._failed)
         manager.auto_create_handle_loop()
         self._sigquit.install()  # in place of the handler that would kill the gateway's process tree
         server = (await manager.get_internal_state())[0]
@@ -186,7 +190,10 @@ class SglangBackend(Backend[SglangSettings]):
             for running in self._in_flight.values():
                 if running.task is not None:
                     running.task.cancel()
-            engine.tokenizer_manager.abort_request(abort_all=True)
+            manager = engine.tokenizer_manager
+            manager.abort_request(abort_all=True)
+            for task in manager.asyncio_tasks:  # SGLang's output loop and SIGTERM watchdog, on the gateway's loop
+                task.cancel()
             await asyncio.to_thread(engine.shutdown)
         finally:
             self._sigquit.remove()
@@ -245,7 +252,10 @@ class SglangBackend(Backend[SglangSettings]):
             await asyncio.gather(*pumps)
             stream.finish()
         except asyncio.CancelledError:
-            stream.cancel()
+            if self._failure is None:
+                stream.cancel()
+            else:  # the engine failed under it: the caller may retry elsewhere
+                stream.fail(EngineFailure(pb.ERROR_CODE_INTERNAL, self._failure, retryable=True))
             raise
         except Exception as exc:  # broad on purpose: every failure becomes the one terminal EngineError
             stream.fail(engine_failure(exc))

@@ -55,6 +55,12 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 _REGEX_SPECIAL = frozenset("\\.^$*+?()[]{}|/-")
 _MEDIA_FIELDS = {pb.MODALITY_IMAGE: "image_data", pb.MODALITY_VIDEO: "video_data", pb.MODALITY_AUDIO: "audio_data"}
 _ALL = pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL
+MAX_CANDIDATES = 256
+"""Logprob candidates per position a request may ask for (top N, explicit ids, or "all" of a vocabulary
+no larger). SGLang turns each one into text on the gateway's event loop
+(``TokenizerManager.detokenize_top_logprobs_tokens``, one ``batch_decode`` per position): about 1.2 µs a
+candidate on the CI machine's CPU, so 256 cost about 0.3 ms a position, where "all" of a 128k vocabulary
+would cost about 150 ms a position and stall every stream the gateway serves."""
 _IDS = pb.CANDIDATE_TOKEN_SELECTION_MODE_TOKEN_IDS
 
 
@@ -252,6 +258,10 @@ def _logprob_kwargs(request: GenerationRequest, limits: EngineLimits) -> dict[st
         if side.candidates is not None and side.candidates.mode == _IDS:
             token_ids.extend(i for i in side.candidates.token_ids if i not in token_ids)
     _check_vocab(token_ids, limits, "candidate token id")
+    if len(token_ids) > MAX_CANDIDATES:
+        raise InvalidArgument(
+            f"at most {MAX_CANDIDATES} candidate token ids (SGLang detokenizes each at every position)"
+        )
     kwargs: dict[str, Any] = {"return_logprob": True, "return_text_in_logprobs": True}
     if top_n:
         kwargs["top_logprobs_num"] = top_n
@@ -264,7 +274,15 @@ def _top_n(side: LogprobRequest, limits: EngineLimits) -> int:
     selection = side.candidates
     if selection is None or selection.mode == _IDS:
         return 0
-    return limits.vocab_size if selection.mode == _ALL else min(selection.top_n, limits.vocab_size)
+    if selection.mode == _ALL and limits.vocab_size > MAX_CANDIDATES:
+        raise InvalidArgument(
+            f"all {limits.vocab_size} vocabulary entries as candidates: SGLang would detokenize each at every "
+            f"position; ask for top_n up to {MAX_CANDIDATES}"
+        )
+    top_n = limits.vocab_size if selection.mode == _ALL else min(selection.top_n, limits.vocab_size)
+    if top_n > MAX_CANDIDATES:
+        raise InvalidArgument(f"top_n {top_n} is above this engine's maximum ({MAX_CANDIDATES})")
+    return top_n
 
 
 def prompt_logprob_row(start: int) -> int:
@@ -428,6 +446,7 @@ def eos_token_ids(tokenizer_eos: int | None, extra_stop_ids: Any, model_eos: Any
 __all__ = [
     "FAKE_BOOTSTRAP_HOST",
     "JSON_OBJECT_SCHEMA",
+    "MAX_CANDIDATES",
     "MAX_REPETITION_PENALTY",
     "MAX_STOP_STRINGS",
     "EngineLimits",

@@ -14,8 +14,9 @@
   pairs, as SGLang's ``/v1/rerank`` computes them.
 
 The runner takes the engine and SGLang's request classes from ``engine.py``, so this module never
-imports SGLang. Every item runs under its own SGLang request id so an abort reaches it;
-``async_score`` takes no request id, so a label-token Score runs to its end inside SGLang.
+imports SGLang. Every item runs under its own SGLang request id so an abort reaches it, and a
+failing item aborts its siblings; ``async_score`` takes no request id, so a label-token Score runs
+to its end inside SGLang.
 """
 
 from __future__ import annotations
@@ -185,14 +186,32 @@ class TaskRunner:
         return shared
 
     async def _run(self, kind: Callable[..., Any], items: Sequence[dict[str, Any]], rids: Sequence[str]) -> list[Any]:
-        """Each item as its own non-streamed SGLang request; their final results, in order."""
+        """Each item as its own non-streamed SGLang request; their final results, in order.
+
+        The items succeed or fail together: once one fails (or the call is cancelled), the others are
+        aborted inside SGLang and awaited, so none runs on after the call's ids were forgotten.
+        """
         manager = self._engine.tokenizer_manager
-        return await asyncio.gather(
-            *(
-                manager.generate_request(kind(rid=rid, **item), None).__anext__()
-                for rid, item in zip(rids, items, strict=True)
-            )
-        )
+        running = [
+            asyncio.ensure_future(self._one(kind(rid=rid, **item))) for rid, item in zip(rids, items, strict=True)
+        ]
+        try:
+            return await asyncio.gather(*running)
+        except BaseException:
+            for rid, item in zip(rids, running, strict=True):
+                if not item.done():
+                    manager.abort_request(rid)
+                    item.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+
+    async def _one(self, request: Any) -> Any:
+        """One SGLang request's final result; closing its generator ends SGLang's bookkeeping of it."""
+        outputs = self._engine.tokenizer_manager.generate_request(request, None)
+        try:
+            return await outputs.__anext__()
+        finally:
+            await outputs.aclose()
 
     async def embed(self, call: EmbedCall, rids: Sequence[str]) -> tuple[list[Embedding], TaskUsage]:
         """Sequence embeddings of every item."""

@@ -18,4 +18,5 @@ from .fake_api import install
 if __name__ == "__main__":
     install(pytest.MonkeyPatch())
     fake_engine.OWN_PROCESS = True
+    fake_engine.STEP_S = 0.02  # streams stay in flight long enough to be signalled
     sys.exit(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import types
@@ -52,9 +53,20 @@ CYCLE = [ord(c) for c in "hello world."] + [EOS]
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 """A decode request with this bootstrap host needs no prefill (SGLang's health check)."""
 STEP_S = 0.001
+WATCHDOG_S = 0.05
+"""The SIGTERM watchdog's polling period (SGLang's is 5 s)."""
 """One decode step; tests that abort mid-stream raise it."""
 BOOTSTRAP_TIMEOUT_S = 5.0
 ENGINES: list[Engine] = []
+SCHEDULER = """
+import sys, time
+# managers/scheduler.py under utils/common.py configure_logger: SGLang's own text format, on stderr
+print("[2026-01-01 00:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 3", file=sys.stderr, flush=True)
+time.sleep(0.5)
+print("[2026-01-01 00:00:01 TP0] Decode batch, #running-req: 1", file=sys.stderr, flush=True)
+time.sleep(600)
+"""
+"""The scheduler process the fake starts in a gateway process of its own (``OWN_PROCESS``)."""
 PROCESS_TREE_KILLED: list[str] = []
 """Why SGLang's SIGQUIT handler would have killed this process (and the gateway in it): the fake records
 it instead of killing the test run, unless it runs in a process of its own."""
@@ -82,9 +94,9 @@ def reserved_tokens(args: dict[str, Any]) -> int:
     return max(topk * steps, args["speculative_num_draft_tokens"] or 0)
 
 
-def kill_process_tree() -> None:
-    """``running_phase_sigquit_handler``: ``kill_process_tree(os.getpid())``, the gateway included."""
-    PROCESS_TREE_KILLED.append("SGLang's running-phase SIGQUIT handler")
+def kill_process_tree(by: str = "SGLang's running-phase SIGQUIT handler") -> None:
+    """``utils/common.py`` ``kill_process_tree(os.getpid())``, the gateway included."""
+    PROCESS_TREE_KILLED.append(by)
     if OWN_PROCESS:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -174,6 +186,9 @@ class TokenizerManager:
         self.gracefully_exit = False
         self.rid_to_state: dict[str, State] = {}
         self.handle_loop_started = False
+        self.asyncio_tasks: set[asyncio.Task[None]] = set()
+        self._server_stop_hook: Any = None
+        self._output_failure = asyncio.Event()
         self.aborts: list[tuple[str, bool]] = []
         self.received: list[Any] = []
         page = (args["page_size"] or 1) * args["dcp_size"]  # arg_groups/overrides.py: the tree pages at page * dcp
@@ -186,11 +201,61 @@ class TokenizerManager:
         self.lora_registry = types.SimpleNamespace(get_all_adapters=lambda: dict(self.adapters))
 
     def auto_create_handle_loop(self) -> None:
-        """``managers/tokenizer_manager.py``: starts the output loop on the running loop and, in the main
-        thread, installs ``running_phase_sigquit_handler`` there, which kills the whole process tree."""
+        """``managers/tokenizer_manager.py`` (0.5.23): once, on the running loop, starts the output loop and
+        the SIGTERM watchdog, each under ``print_exception_wrapper``, and, in the main thread, installs
+        ``SignalHandler``'s handlers there: SIGTERM only sets ``gracefully_exit``, SIGQUIT
+        (``running_phase_sigquit_handler``) kills the whole process tree."""
+        if self.handle_loop_started:
+            return
         self.handle_loop_started = True
+        loop = asyncio.get_running_loop()
+        self.asyncio_tasks = {
+            loop.create_task(self._print_exception_wrapper(self._handle_loop)),
+            loop.create_task(self._print_exception_wrapper(self._sigterm_watchdog)),
+        }
         if threading.current_thread() is threading.main_thread():
-            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, kill_process_tree)
+            loop.add_signal_handler(signal.SIGTERM, self._sigterm_handler)
+            loop.add_signal_handler(signal.SIGQUIT, kill_process_tree)
+
+    def set_server_stop_hook(self, hook: Any) -> None:
+        self._server_stop_hook = hook
+
+    def dump_requests_before_crash(self) -> None:
+        """Writes the requests it holds to a crash dump (when configured to)."""
+
+    def fail_output_loop(self) -> None:
+        """An exception in ``handle_loop`` (a malformed message from the detokenizer)."""
+        self._output_failure.set()
+
+    def _sigterm_handler(self) -> None:
+        """``SignalHandler.sigterm_handler``: no drain of its own, only the flag its watchdog polls."""
+        self.gracefully_exit = True
+
+    async def _handle_loop(self) -> None:
+        await self._output_failure.wait()
+        raise RuntimeError("malformed output from SGLang's detokenizer")
+
+    async def _sigterm_watchdog(self) -> None:
+        """``sigterm_watchdog``: after SIGTERM, waits for its own requests, kills SGLang's processes, then
+        calls the server stop hook, or ``sys.exit(0)`` out of the event loop."""
+        while not self.gracefully_exit or self.rid_to_state:  # noqa: ASYNC110 - SGLang's watchdog polls
+            await asyncio.sleep(WATCHDOG_S)
+        self.engine.child_pids = [dead_pid()]
+        if self._server_stop_hook is not None:
+            self._server_stop_hook()
+            return
+        sys.exit(0)
+
+    async def _print_exception_wrapper(self, func: Any) -> None:
+        """``print_exception_wrapper``: an exception logs, dumps the requests, then kills the process tree
+        (``kill_process_tree(os.getpid(), include_parent=True)``) and exits."""
+        try:
+            await func()
+        except Exception:
+            logging.getLogger("sglang").exception("TokenizerManager hit an exception")
+            self.dump_requests_before_crash()
+            kill_process_tree("print_exception_wrapper")
+            sys.exit(1)
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
         args = self.server_args
@@ -510,6 +575,10 @@ class Engine:
         self.publishers = publishers(self.server_args["kv_events_config"], num_dp_ranks(self.server_args))
         self.tokenizer_manager = TokenizerManager(self.server_args, self)
         self.child_pids = [os.getpid()]
+        self.scheduler: subprocess.Popen[bytes] | None = None
+        if OWN_PROCESS:  # entrypoints/engine.py: the scheduler, a process of its own with the gateway's stderr
+            self.scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER])
+            self.child_pids = [self.scheduler.pid]
         self.shut_down = False
         self.lora_calls: list[tuple[str, ...]] = []
         ENGINES.append(self)
@@ -521,6 +590,9 @@ class Engine:
         """``entrypoints/engine.py``: ends with ``kill_process_tree(os.getpid(), include_parent=False)``,
         which kills every child of the process: every other engine's processes die with this one's."""
         self.shut_down = True
+        if self.scheduler is not None:
+            self.scheduler.kill()
+            self.scheduler.wait()
         for engine in ENGINES:
             if engine is not self and not engine.shut_down:
                 engine.child_pids = [dead_pid()]

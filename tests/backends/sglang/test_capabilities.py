@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from openengine_backends.sglang import capabilities, kv_publishers
+from openengine_backends.sglang import capabilities, kv_publishers, mapping
 from openengine_backends.sglang.capabilities import EngineState
 from openengine_backends.sglang.tasks import task_capabilities
 from openengine_gateway import pb
@@ -58,8 +58,9 @@ def test_model_info_from_the_started_engine() -> None:
     assert generation.supports_stop_in_output and generation.supports_cache_salt
     assert not generation.supports_prefix_cache_bypass and not generation.supports_priority
     assert generation.HasField("supports_priority") and not generation.HasField("max_num_sequences")
-    for side in (generation.prompt_logprobs, generation.output_logprobs):
-        assert side.supported and side.max_top_n == 32000 and len(side.candidate_selection_modes) == 3
+    for side in (generation.prompt_logprobs, generation.output_logprobs):  # SGLang detokenizes every candidate
+        assert side.supported and side.max_top_n == mapping.MAX_CANDIDATES == 256
+        assert pb.CANDIDATE_TOKEN_SELECTION_MODE_ALL not in side.candidate_selection_modes, "32000 would stall"
     assert generation.guided_decoding.supported and len(generation.guided_decoding.modes) == 6
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -22,6 +23,7 @@ from tests.root_log import root_lines
 from ..fake_serving import serving
 from . import fake_engine
 from .conftest import request, sglang
+from .drain import check_drain_under_load
 
 
 def test_an_sglang_engine_beside_another_is_refused_naming_the_alternative() -> None:
@@ -95,3 +97,49 @@ async def test_the_real_command_survives_sglangs_sigquit_and_exits_0_on_sigterm(
         assert health.state == pb.HEALTH_STATE_NOT_READY
         assert await gateway.stop() == 0
     assert "ERROR openengine_backends.sglang.engine: an SGLang subprocess failed" in gateway.log.read_text()
+
+
+async def test_sigterm_under_load_drains_through_the_gateways_own_handler(tmp_path: Path) -> None:
+    """SGLang's ``auto_create_handle_loop`` puts its SIGTERM handler on the loop, which only sets
+    ``gracefully_exit``: the gateway's own, put back once the engine started, drains."""
+    args = ("--backend", "sglang", "--model", str(tmp_path), "--config", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    async with gateway_process(*args, cwd=tmp_path, program=FAKE_CLI) as gateway:
+        await check_drain_under_load(gateway, str(tmp_path))
+    assert fake_engine.PROCESS_TREE_KILLED == []
+
+
+async def test_a_failed_output_loop_ends_the_engine_and_spares_the_gateway(
+    fake: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's ``print_exception_wrapper`` kills the process tree when its output loop raises."""
+    monkeypatch.setattr(fake_engine, "STEP_S", 0.02)
+    stopping = pb.StoppingOptions(max_tokens=100, ignore_eos=True)
+    async with serving(sglang()) as running:
+        call = running.stub.Generate(request(stopping=stopping))
+        await call.read()
+        fake_engine.ENGINES[0].tokenizer_manager.fail_output_loop()
+        responses = []
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        health = await running.stub.Health(pb.HealthRequest())
+    assert fake_engine.PROCESS_TREE_KILLED == []
+    assert responses[-1].WhichOneof("event") == "error", responses[-1]
+    assert responses[-1].error.retryable
+    assert health.state == pb.HEALTH_STATE_NOT_READY
+    assert any("tokenizer manager failed" in check.message for check in health.checks)
+
+
+async def test_sglangs_processes_log_through_the_gateway_so_json_logs_stay_json(tmp_path: Path) -> None:
+    """SGLang's scheduler inherits the gateway's stderr and prints its own text lines there."""
+    args = ("--backend", "sglang", "--model", str(tmp_path), "--config", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    async with gateway_process(*args, "--log-format", "json", cwd=tmp_path, program=FAKE_CLI) as gateway:
+        for _ in range(100):  # the scheduler's second line comes after the gateway serves
+            if "Decode batch" in gateway.log.read_text():
+                break
+            await asyncio.sleep(0.05)
+        assert await gateway.stop() == 0
+    entries = [json.loads(line) for line in gateway.log.read_text().splitlines()]
+    scheduler = [e["message"] for e in entries if e["logger"] == "sglang.processes"]
+    assert [m.split("] ")[1].split(",")[0] for m in scheduler] == ["Prefill batch", "Decode batch"], entries

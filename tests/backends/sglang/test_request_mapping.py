@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from openengine_backends.sglang.mapping import (
     JSON_OBJECT_SCHEMA,
+    MAX_CANDIDATES,
     EngineLimits,
     choice_regex,
     decode_bootstrap,
@@ -148,6 +149,22 @@ def test_one_logprob_configuration_is_the_union_of_both_sides() -> None:
     assert plan_generation(every, LIMITS, input_ids=[1]).shared["top_logprobs_num"] == 128
     only_output = plan_generation(request(output_logprobs=LogprobRequest()), LIMITS, input_ids=[1])
     assert only_output.outputs[0]["logprob_start_len"] == -1 and "top_logprobs_num" not in only_output.shared
+
+
+def test_candidates_are_bounded_since_sglang_detokenizes_each_on_the_gateways_loop() -> None:
+    big = replace(LIMITS, vocab_size=128_000)
+    bound = MAX_CANDIDATES
+    with pytest.raises(InvalidArgument, match="all 128000 vocabulary entries"):
+        plan_generation(request(output_logprobs=LogprobRequest(CandidateSelection(ALL))), big, input_ids=[1])
+    with pytest.raises(InvalidArgument, match=f"top_n {bound + 1} is above this engine's maximum"):
+        plan_generation(
+            request(prompt_logprobs=LogprobRequest(CandidateSelection(TOP_N, bound + 1))), big, input_ids=[1]
+        )
+    many = CandidateSelection(IDS, token_ids=tuple(range(bound + 1)))
+    with pytest.raises(InvalidArgument, match=f"at most {bound} candidate token ids"):
+        plan_generation(request(output_logprobs=LogprobRequest(many)), big, input_ids=[1])
+    most = request(output_logprobs=LogprobRequest(CandidateSelection(TOP_N, bound)))
+    assert plan_generation(most, big, input_ids=[1]).shared["top_logprobs_num"] == bound
 
 
 def test_several_outputs_ask_for_prompt_logprobs_once() -> None:

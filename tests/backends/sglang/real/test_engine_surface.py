@@ -32,6 +32,8 @@ PROMPT = [5, 6, 7]
         ("manager", "get_loads", (), {}),
         ("manager", "get_internal_state", (), {}),
         ("manager", "auto_create_handle_loop", (), {}),
+        ("manager", "set_server_stop_hook", (print,), {}),
+        ("manager", "dump_requests_before_crash", (), {}),
     ],
 )
 def test_the_driver_calls_sglang_as_its_signatures_allow(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from openengine_backends.sglang import capabilities, mapping
 from openengine_gateway import pb
+from openengine_gateway.errors import InvalidArgument
 from openengine_gateway.spi import (
     CandidateSelection,
     GenerationRequest,
@@ -194,12 +195,16 @@ async def test_prompt_logprobs_from_a_position_with_explicit_ids(
     assert tokenized.top_logprobs_num == 0
 
 
-async def test_all_candidates_are_the_whole_vocabulary(tokenizer_manager: Any, limits: mapping.EngineLimits) -> None:
-    selection = CandidateSelection(mode=ALL)
-    (tokenized,) = await admit_all(
-        tokenizer_manager, request(output_logprobs=LogprobRequest(candidates=selection)), limits
-    )
-    assert tokenized.top_logprobs_num == tokenizer_manager.model_config.vocab_size
+async def test_candidates_stop_at_the_bound_all_of_a_larger_vocabulary_is_refused(
+    tokenizer_manager: Any, limits: mapping.EngineLimits
+) -> None:
+    """SGLang takes any ``top_logprobs_num`` and detokenizes every candidate on the gateway's loop."""
+    most = CandidateSelection(mode=TOP_N, top_n=mapping.MAX_CANDIDATES)
+    (tokenized,) = await admit_all(tokenizer_manager, request(output_logprobs=LogprobRequest(candidates=most)), limits)
+    assert tokenized.top_logprobs_num == mapping.MAX_CANDIDATES < tokenizer_manager.model_config.vocab_size
+    every = request(output_logprobs=LogprobRequest(candidates=CandidateSelection(mode=ALL)))
+    with pytest.raises(InvalidArgument, match="all 512 vocabulary entries"):
+        await admit_all(tokenizer_manager, every, limits)
 
 
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})

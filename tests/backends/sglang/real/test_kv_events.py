@@ -1,7 +1,8 @@
 """KV events made by SGLang's own code, decoded by the driver's decoder (``openengine_gateway.spi.zmq_kv``).
 
-The events come from SGLang's radix cache (``mem_cache/radix_cache.py``, built without memory
-pools by ``RadixCache.create_simulated``) through its recorder (``mem_cache/events.py``), are
+The events come from SGLang's radix caches, built without memory pools: the legacy one
+(``mem_cache/radix_cache.py``, ``RadixCache.create_simulated``) and 0.5.23's default,
+``UnifiedRadixCache`` on its Rust tree core (``unified_cache``), through their recorders, are
 batched as the scheduler batches them (``KVEventBatch``) and go out through SGLang's
 ``ZmqEventPublisher`` (``disaggregation/kv_events.py``), one per attention-DP rank as its
 scheduler creates them, over real sockets on 127.0.0.1 and in a temporary directory.
@@ -50,11 +51,35 @@ def radix_cache(*, dynamo: bool = False) -> Any:
     return cache
 
 
+def unified_cache() -> Any:
+    """0.5.23's default prefix cache, ``UnifiedRadixCache`` (``mem_cache/unified_radix_cache.py``), on its
+    default Rust tree core, with full-attention KV only (what a plain decoder model runs) and no memory pools."""
+    import torch
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=_Allocator(),
+        page_size=PAGE,
+        enable_kv_cache_events=True,
+        tree_components=(ComponentType.FULL,),
+    )
+    cache = UnifiedRadixCache(params)
+    cache.kv_values = torch.arange  # what the KV slots of n tokens are, for insert
+    cache.take_events()  # the AllBlocksCleared of its construction
+    return cache
+
+
 def insert(cache: Any, tokens: Sequence[int], *, salt: str | None = None) -> None:
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    cache.insert(InsertParams(key=RadixKey(array("q", tokens), cache_salt=salt)))
+    key = RadixKey(array("q", tokens), cache_salt=salt)
+    values = getattr(cache, "kv_values", None)
+    cache.insert(InsertParams(key=key) if values is None else InsertParams(key=key, value=values(len(key))))
 
 
 def evict_all(cache: Any) -> None:
@@ -379,3 +404,30 @@ def test_a_salted_blocks_salt_reaches_subscribers_as_its_extra_key() -> None:
         == [["tenant-a"]] * 2
     )
     assert not plain.extra_keys
+
+
+def test_the_default_caches_stores_extensions_salts_and_evictions_decode_as_it_publishes_them() -> None:
+    """What 0.5.23's default cache publishes, step by step as the scheduler takes its events."""
+    cache = unified_cache()
+    assert cache._tree_core_backend == "rust", "0.5.23's default tree core"
+    steps = []
+    for tokens, salt in ((range(10), None), (range(16), None), (range(8), "tenant-a")):
+        insert(cache, tokens, salt=salt)  # ten tokens: two full pages, the partial third is not cached
+        steps.append(cache.take_events())
+    evict_all(cache)
+    steps.append(cache.take_events())
+    assert [len(events) for events in steps] == [1, 1, 1, 1]
+    sent = [event for events in steps for event in events]
+    decoded = decode(encoded(sent), 6)
+    assert decoded.sequence_number == 7
+    kinds = [event.WhichOneof("event") for event in decoded.events]
+    assert kinds == ["block_stored"] * 3 + ["block_removed"]
+    for event, original in zip(decoded.events[:3], sent, strict=False):
+        assert_stored(event, original)
+    first, second, salted = (event.block_stored for event in decoded.events[:3])
+    assert second.parent_block_hash == first.block_hashes[-1], "the extension chains to the prefix's last page"
+    assert list(second.token_ids) == list(range(8, 16))
+    assert [list(keys.values) for keys in salted.extra_keys] == [["tenant-a"]] * 2
+    assert not {h.value for h in salted.block_hashes} & {h.value for h in first.block_hashes}
+    stored = {h.value for e in (first, second, salted) for h in e.block_hashes}
+    assert {h.value for h in decoded.events[3].block_removed.block_hashes} == stored, "every stored page evicted"

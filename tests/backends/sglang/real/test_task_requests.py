@@ -5,6 +5,7 @@ per process, so the two engines' tests run in separate modules)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,47 @@ async def test_classification_probabilities_from_sglangs_logits(embedding_manage
     outputs, _ = await answered(embedding_manager, work, embedding_answer({"rid-c": [0.0, 0.0]}), 1)
     assert list(outputs[0].scores.values) == pytest.approx([0.5, 0.5])
     assert outputs[0].semantics == pb.TASK_VALUE_SEMANTICS_PROBABILITIES
+
+
+async def test_an_item_sglang_fails_aborts_its_siblings_inside_sglang(
+    embedding_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both items reach the scheduler; it aborts one (a 400, SGLang's ``ValueError``) and the call fails:
+    the other is aborted in SGLang too, not left running under an id the gateway has forgotten."""
+    from sglang.srt.managers.io_struct import AbortReq, BatchEmbeddingOutput
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    sent: list[Any] = []
+    arrived = asyncio.Event()
+    dispatched: list[Any] = []
+
+    async def send(tokenized: Any) -> None:
+        sent.append(tokenized)
+        if len(sent) == 2:
+            arrived.set()
+
+    if embedding_manager.event_loop is None:
+        embedding_manager.event_loop = asyncio.get_running_loop()
+    monkeypatch.setattr(embedding_manager, "_send_one_request", send)
+    monkeypatch.setattr(embedding_manager, "_dispatch_to_scheduler", dispatched.append)
+    items = (TaskItem("a", text="the quick brown fox"), TaskItem("b", token_ids=(5, 6, 7)))
+    work = runner(embedding_manager, embedding_manager.resolved).embed(
+        EmbedCall(context=CONTEXT, items=items), ["rid-a", "rid-b"]
+    )
+    task = asyncio.ensure_future(work)
+    await asyncio.wait_for(arrived.wait(), timeout=10)
+    refused = BatchEmbeddingOutput(
+        rids=["rid-b"],
+        finished_reasons=[FINISH_ABORT("the item is refused", 400).to_json()],
+        embeddings=[[]],
+        prompt_tokens=[3],
+        cached_tokens=[0],
+        placeholder_tokens_idx=None,
+        placeholder_tokens_val=None,
+        retraction_counts=[0],
+    )
+    await embedding_manager._handle_batch_output(refused)
+    with pytest.raises(ValueError, match="refused"):
+        await asyncio.wait_for(task, timeout=10)
+    assert [req.rid for req in dispatched if isinstance(req, AbortReq)] == ["rid-a"]
+    embedding_manager.rid_to_state.pop("rid-a", None)  # what the scheduler's answer to the abort would do
