@@ -263,6 +263,16 @@ def generate_response_to_later(response: pb.GenerateResponse) -> pb_later.Genera
     return later
 
 
+_CONNECTOR_SCALARS = (
+    "enabled",
+    "supports_remote_prefill",
+    "supports_decode_pull",
+    "supports_abort_cleanup",
+    "schema_version",
+)
+"""The optional scalars ``KvConnectorInfo`` has in both layouts (under different field numbers)."""
+
+
 def kv_connector_to_later(connector: pb.KvConnectorInfo) -> pb_later.KvConnectorInfo:
     """The connector without ``supports_drain`` (the later layout has no Drain), ``schema_version`` renumbered."""
     later = pb_later.KvConnectorInfo(
@@ -270,13 +280,7 @@ def kv_connector_to_later(connector: pb.KvConnectorInfo) -> pb_later.KvConnector
         local_endpoints=[recast(e, pb_later.KvEndpoint) for e in connector.local_endpoints],
         supported_protocols=connector.supported_protocols,
     )
-    for name in (
-        "enabled",
-        "supports_remote_prefill",
-        "supports_decode_pull",
-        "supports_abort_cleanup",
-        "schema_version",
-    ):
+    for name in _CONNECTOR_SCALARS:
         if connector.HasField(name):
             setattr(later, name, getattr(connector, name))
     return later
@@ -413,13 +417,7 @@ def kv_connector_to_seed(connector: pb_later.KvConnectorInfo) -> pb.KvConnectorI
         local_endpoints=[recast(e, pb.KvEndpoint) for e in connector.local_endpoints],
         supported_protocols=connector.supported_protocols,
     )
-    for name in (
-        "enabled",
-        "supports_remote_prefill",
-        "supports_decode_pull",
-        "supports_abort_cleanup",
-        "schema_version",
-    ):
+    for name in _CONNECTOR_SCALARS:
         if connector.HasField(name):
             setattr(seed, name, getattr(connector, name))
     return seed
