@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 from google.protobuf import descriptor_pool, unknown_fields
 from google.protobuf.descriptor import Descriptor
@@ -263,14 +263,11 @@ def generate_response_to_later(response: pb.GenerateResponse) -> pb_later.Genera
     return later
 
 
-_CONNECTOR_SCALARS = (
-    "enabled",
-    "supports_remote_prefill",
-    "supports_decode_pull",
-    "supports_abort_cleanup",
-    "schema_version",
-)
+_ConnectorScalar = Literal[
+    "enabled", "supports_remote_prefill", "supports_decode_pull", "supports_abort_cleanup", "schema_version"
+]
 """The optional scalars ``KvConnectorInfo`` has in both layouts (under different field numbers)."""
+_CONNECTOR_SCALARS: tuple[_ConnectorScalar, ...] = get_args(_ConnectorScalar)
 
 
 def kv_connector_to_later(connector: pb.KvConnectorInfo) -> pb_later.KvConnectorInfo:
