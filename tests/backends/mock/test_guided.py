@@ -109,6 +109,25 @@ def test_a_pattern_too_long_or_too_costly_to_match_is_refused_before_acceptance(
         make_guide(Guidance(pb.GUIDED_DECODING_MODE_REGEX, spec="[a-z]+"))
 
 
+def test_a_mask_timed_out_while_the_process_was_off_the_cpu_is_computed_again() -> None:
+    """A cheap match cut by the wall clock while the process waited for a CPU (a busy neighbour) is not a
+    costly pattern: the budget is CPU time, so the match is tried again (CI once refused ``[a-z]+`` so)."""
+    compiled = regex.compile(r"[0-9]{2}")
+    timed_out: list[str] = []
+
+    class Starved:
+        pattern = compiled.pattern
+
+        def fullmatch(self, text: str, **options: object) -> object:
+            if not timed_out:
+                timed_out.append(text)  # as regex does when its wall-clock timeout passes first
+                raise TimeoutError
+            return compiled.fullmatch(text, **options)  # type: ignore[call-overload]
+
+    guide = RegexGuide(Starved())  # type: ignore[arg-type]
+    assert allowed_set(guide) == set(range(ord("0"), ord("9") + 1)) and len(timed_out) == 1
+
+
 async def test_a_pattern_that_turns_costly_fails_its_request_and_nothing_else() -> None:
     """``(a|aa)*`` backtracks exponentially in the output's length: the mask's budget ends it."""
     async with engine() as backend:
