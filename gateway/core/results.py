@@ -7,7 +7,6 @@ A value of ``None`` in the SPI types (``spi.results``) is an absent field here, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 from .. import pb
@@ -22,9 +21,7 @@ from ..spi.results import (
     ScoreResult,
     TaskUsage,
 )
-
-_LOAD_SCALARS = tuple(f.name for f in fields(Load) if f.name not in ("ranks", "attributes"))
-_RANK_SCALARS = tuple(f.name for f in fields(RankLoad))
+from ..spi.wire import LOAD_SCALARS, RANK_SCALARS
 
 
 def dense_message(tensor: DenseTensor) -> pb.DenseFloatTensor:
@@ -97,8 +94,8 @@ def score_messages(result: tuple[ScoreResult, TaskUsage]) -> tuple[pb.ScoreRespo
 
 def load_message(load: Load) -> pb.LoadInfo:
     """A driver's load snapshot; the instance id is the caller's to fill in."""
-    message = pb.LoadInfo(**_present(load, _LOAD_SCALARS), attributes=load.attributes)
-    message.ranks.extend(pb.RankLoadInfo(**_present(rank, _RANK_SCALARS)) for rank in load.ranks)
+    message = pb.LoadInfo(**_present(load, LOAD_SCALARS), attributes=load.attributes)
+    message.ranks.extend(pb.RankLoadInfo(**_present(rank, RANK_SCALARS)) for rank in load.ranks)
     return message
 
 

@@ -31,9 +31,10 @@ from .results import (
     TaskUsage,
 )
 
-_LOAD_SCALARS = tuple(f.name for f in fields(Load) if f.name not in ("ranks", "attributes"))
-"""The optional numbers of a load snapshot: the SPI value's own fields, as the core encodes them."""
-_RANK_SCALARS = tuple(f.name for f in fields(RankLoad))
+LOAD_SCALARS = tuple(f.name for f in fields(Load) if f.name not in ("ranks", "attributes"))
+"""``Load``'s optional numbers, named as ``LoadInfo``'s fields (read here, encoded by the core)."""
+RANK_SCALARS = tuple(f.name for f in fields(RankLoad))
+"""``RankLoad``'s fields, named as ``RankLoadInfo``'s."""
 
 
 def dense(tensor: pb.DenseFloatTensor) -> DenseTensor:
@@ -83,8 +84,8 @@ def score_result(response: pb.ScoreResponse) -> ScoreResult:
 
 def load(message: pb.LoadInfo) -> Load:
     """The remote's load snapshot (its instance id is the front's to set)."""
-    ranks = [RankLoad(**_present(rank, _RANK_SCALARS)) for rank in message.ranks]
-    return Load(**_present(message, _LOAD_SCALARS), ranks=ranks, attributes=dict(message.attributes))
+    ranks = [RankLoad(**_present(rank, RANK_SCALARS)) for rank in message.ranks]
+    return Load(**_present(message, LOAD_SCALARS), ranks=ranks, attributes=dict(message.attributes))
 
 
 def _present(message: Message, names: Sequence[str]) -> dict[str, int]:
@@ -178,6 +179,8 @@ def kv_source(source: pb.KvEventSource) -> KvEventSource:
 
 
 __all__ = [
+    "LOAD_SCALARS",
+    "RANK_SCALARS",
     "classifications",
     "dense",
     "embeddings",
